@@ -59,8 +59,8 @@ proptest! {
             let _ = (f.src(), f.dst(), f.ecn_ce(), format!("{}", f.roce()));
         }
         if let Ok(r) = PcapReader::new(&bytes) {
-            for rec in r.clone() {
-                if let Ok(rec) = rec { let _ = r.ip_payload(&rec); }
+            for rec in r.clone().flatten() {
+                let _ = r.ip_payload(&rec);
             }
         }
     }
