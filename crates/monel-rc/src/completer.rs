@@ -67,14 +67,13 @@ impl Requester {
                     AethSyndrome::Nak(NakCode::PsnSequenceError) => {
                         self.ack_through(now, psn - 1, stats, cq);
                         stats.seq_naks_received += 1;
-                        if !self.outstanding() {
+                        if !self.outstanding() || self.rnr_wait_until.is_some() {
                             return;
                         }
-                        if self.retries_left == 0 {
+                        if !self.consume_retry() {
                             self.fail(WcStatus::RetryExcErr, cq);
                             return;
                         }
-                        self.retries_left -= 1;
                         self.rewind();
                         self.arm_timer(now);
                     }
@@ -230,6 +229,19 @@ impl Requester {
         clear
     }
 
+    /// Takes one retry; false if none is left. `retry_cnt = 7` retries forever, as rxe does
+    /// (IBA counts seven); 0 to 6 are exact.
+    fn consume_retry(&mut self) -> bool {
+        if self.retry_cnt == 7 {
+            return true;
+        }
+        if self.retries_left == 0 {
+            return false;
+        }
+        self.retries_left -= 1;
+        true
+    }
+
     /// Forward progress: reset retry counters and restart the timer.
     fn progress(&mut self, now: Instant) {
         self.retries_left = self.retry_cnt;
@@ -255,11 +267,10 @@ impl Requester {
                 self.retransmit_at = None;
                 return;
             }
-            if self.retries_left == 0 {
+            if !self.consume_retry() {
                 self.fail(WcStatus::RetryExcErr, cq);
                 return;
             }
-            self.retries_left -= 1;
             self.rewind();
             self.arm_timer(now);
         }

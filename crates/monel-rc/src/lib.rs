@@ -18,9 +18,12 @@
 //! [`MemoryAccess`] the caller passes in, which checks keys, bounds and access flags on every
 //! call. Everything is deterministic, so every loss, reorder and RNR scenario is a seeded test.
 //!
-//! Behaviour follows the InfiniBand spec (vol. 1 ch. 9-10) as Linux rxe implements it, with two
-//! choices where they differ, both IBA's: `retry_cnt = 7` means seven retries (rxe: infinite),
-//! and a gap in READ responses triggers one immediate go-back-N (rxe waits for the timer).
+//! Behaviour follows the InfiniBand spec (vol. 1 ch. 9-10) as Linux rxe implements it. Where
+//! they differ: `retry_cnt = 7` retries forever as in rxe (IBA: seven times; 0 to 6 are exact
+//! either way), and a gap in READ responses triggers one immediate go-back-N (rxe waits for
+//! the timer). After an RNR NAK the responder drops later packets quietly instead of drawing a
+//! sequence NAK, and the requester ignores sequence NAKs while it waits out an RNR delay, so an
+//! RNR episode does not burn retries.
 
 mod attr;
 mod completer;

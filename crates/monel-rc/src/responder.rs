@@ -236,6 +236,9 @@ impl Responder {
 
     fn rnr(&mut self, psn: Psn, stats: &mut QpStats) {
         stats.rnr_naks_sent += 1;
+        // The requester goes back to this PSN after the RNR delay: packets behind it are
+        // dropped quietly rather than drawing a sequence NAK that would cost a retry.
+        self.nak_sent = true;
         self.replies.push_back(Reply::Ack {
             psn,
             syndrome: AethSyndrome::RnrNak {

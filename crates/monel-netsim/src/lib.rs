@@ -1,0 +1,15 @@
+//! A deterministic lossy network to test the RC engine on: virtual clock, hosts on a switch,
+//! links with latency, bandwidth, queue limits and ECN marking, and seeded loss, reordering,
+//! duplication and corruption. Every packet is a real RoCEv2 datagram with a real ICRC, and a
+//! run can be captured to pcap for Wireshark.
+//!
+//! [`workload`] drives verified random work over it; [`sweep`] produces the loss-sweep table
+//! the `monel sim` command prints.
+
+mod link;
+mod net;
+pub mod sweep;
+pub mod workload;
+
+pub use link::{EcnConfig, LinkConfig, LinkStats};
+pub use net::{ConnectConfig, Host, Network, udp_sport};
