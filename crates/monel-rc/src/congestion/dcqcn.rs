@@ -10,7 +10,8 @@
 //!   fast recovery RC = (RT + RC) / 2 while max(T, BC) < F; hyper increase RT += R_HAI when
 //!   min(T, BC) > F; additive increase RT += R_AI otherwise; then RC = (RT + RC) / 2.
 //!
-//! Pacing: each data packet delays the next by `bytes * 8 / RC`.
+//! Pacing: each data packet delays the next by `bytes * 8 / RC`, at the RC in force when the
+//! next one is due (so a recovering rate shortens a pending gap).
 
 use core::time::Duration;
 
@@ -112,7 +113,8 @@ pub struct Dcqcn {
     bytes: u64,
     t_stage: u32,
     bc_stage: u32,
-    next_send: Instant,
+    last_sent_at: Instant,
+    last_sent_bytes: usize,
     cnps: u64,
 }
 
@@ -134,7 +136,8 @@ impl Dcqcn {
             bytes: 0,
             t_stage: 0,
             bc_stage: 0,
-            next_send: Instant::ZERO,
+            last_sent_at: Instant::ZERO,
+            last_sent_bytes: 0,
             cnps: 0,
             p,
         }
@@ -206,8 +209,11 @@ impl Dcqcn {
 
 impl Controller for Dcqcn {
     fn on_sent(&mut self, now: Instant, bytes: usize) {
-        let gap_ns = (bytes as f64 * 8.0 * 1e9 / self.rc) as u64;
-        self.next_send = Instant::from_nanos(self.next_send.max(now).as_nanos() + gap_ns);
+        // Pacing restarts from the later of now and when this packet was due, so an idle
+        // sender does not bank credit.
+        let due = self.next_send_time().unwrap_or(now);
+        self.last_sent_at = due.max(now);
+        self.last_sent_bytes = bytes;
         if self.active {
             self.bytes += bytes as u64;
             if self.bytes >= self.p.byte_reset {
@@ -239,7 +245,12 @@ impl Controller for Dcqcn {
     }
 
     fn next_send_time(&self) -> Option<Instant> {
-        (self.next_send > Instant::ZERO).then_some(self.next_send)
+        // Computed from the current rate, so a rate increase shortens a pending gap.
+        if self.last_sent_bytes == 0 {
+            return None;
+        }
+        let gap_ns = (self.last_sent_bytes as f64 * 8.0 * 1e9 / self.rc) as u64;
+        Some(Instant::from_nanos(self.last_sent_at.as_nanos() + gap_ns))
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
