@@ -322,12 +322,12 @@ fn incast(cc: CongestionConfig, senders: usize, ms: u64, seed: u64) -> (Vec<f64>
         if t > warmup {
             max_queue_after_warmup = max_queue_after_warmup.max(net.downlink_queue(dst));
         }
-        for s in 0..senders {
+        for (s, bytes) in done.iter_mut().enumerate() {
             let wcs: Vec<_> = net.host_mut(s).completions.drain(..).collect();
             for (_, wc) in wcs {
                 assert_eq!(wc.status, WcStatus::Success, "seed {seed}");
                 if net.now() > warmup {
-                    done[s] += u64::from(msg);
+                    *bytes += u64::from(msg);
                 }
                 post_write(&mut net, s, wc.wr_id + 8);
             }

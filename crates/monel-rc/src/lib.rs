@@ -26,6 +26,8 @@
 //! RNR episode does not burn retries.
 
 mod attr;
+#[doc(hidden)]
+pub mod bench_support;
 mod completer;
 pub mod congestion;
 pub mod memory;

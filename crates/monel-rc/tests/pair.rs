@@ -17,6 +17,9 @@ struct Side {
     wcs: Vec<WorkCompletion>,
 }
 
+/// Decides per packet (direction a->b, packet) whether it is delivered.
+type Filter = Box<dyn FnMut(bool, &RocePacket<&[u8]>) -> bool>;
+
 struct Pair {
     a: Side,
     b: Side,
@@ -24,11 +27,12 @@ struct Pair {
     /// In-flight packets: (arrival, to_b, bytes, ce).
     wire: Vec<(Instant, bool, Vec<u8>, bool)>,
     /// Called for each packet leaving a side: return false to drop it.
-    filter: Box<dyn FnMut(bool, &RocePacket<&[u8]>) -> bool>,
+    filter: Filter,
     mark_ce: bool,
     sent: Vec<(bool, Opcode, Psn)>,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn connect(
     a: &mut RcQp,
     b_qpn: Qpn,

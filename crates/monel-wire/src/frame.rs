@@ -45,6 +45,23 @@ impl IpAddress {
     }
 }
 
+impl core::fmt::Display for IpAddress {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::V4(a) => write!(f, "{}.{}.{}.{}", a[0], a[1], a[2], a[3]),
+            Self::V6(a) => {
+                for (i, pair) in a.chunks_exact(2).enumerate() {
+                    if i > 0 {
+                        f.write_str(":")?;
+                    }
+                    write!(f, "{:x}", u16::from_be_bytes([pair[0], pair[1]]))?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 /// Ethertype of IPv4.
 pub const ETHERTYPE_IPV4: u16 = 0x0800;
 /// Ethertype of IPv6.

@@ -88,6 +88,8 @@ impl Controller for NoControl {
 
 /// One of the controllers, dispatched without a box.
 #[allow(missing_docs)]
+// One per QP, consulted on every data packet: kept inline rather than boxed.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum AnyController {
     None(NoControl),

@@ -1,0 +1,29 @@
+//! `monel`: the command-line face of Monel. Thin over the libraries.
+
+mod dump;
+mod sim;
+
+use clap::{Parser, Subcommand};
+
+/// Monel: RDMA for AI, in Rust.
+#[derive(Debug, Parser)]
+#[command(name = "monel", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run the RC engine over the simulated lossy network and print a loss-sweep table.
+    Sim(sim::SimArgs),
+    /// Decode the RoCEv2 packets of a pcap file and check every ICRC.
+    Dump(dump::DumpArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Sim(a) => sim::run(&a),
+        Cmd::Dump(a) => dump::run(&a),
+    }
+}
