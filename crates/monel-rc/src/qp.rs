@@ -252,6 +252,7 @@ impl RcQp {
             (QpState::Rts, QpState::Sqd) => {
                 self.req.draining = true;
                 self.drained_notified = false;
+                self.check_drained();
             }
             (QpState::Sqd, QpState::Rts) => self.req.draining = false,
             _ => {}

@@ -833,3 +833,132 @@ fn send_with_invalidate_revokes_the_key() {
         vec![(1, WcStatus::Success), (2, WcStatus::RemAccessErr)]
     );
 }
+
+#[test]
+fn bad_local_key_gives_loc_prot_err() {
+    let mut p = Pair::new(1, 2, Mtu::Mtu1024, 14, 7, 7);
+    let bad = vec![Sge {
+        addr: p.a.buf,
+        length: 64,
+        lkey: LKey(0xbad),
+    }];
+    p.a.qp
+        .post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Write(remote(&p.b, 0)),
+            sg_list: bad,
+            flags: signaled(),
+        })
+        .unwrap();
+    p.a.qp
+        .post_send(SendWr {
+            wr_id: 2,
+            op: SendOp::Write(remote(&p.b, 0)),
+            sg_list: sge(&p.a, 0, 8),
+            flags: signaled(),
+        })
+        .unwrap();
+    p.drive();
+    let st: Vec<_> = p.a.wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        st,
+        vec![(1, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)]
+    );
+    assert!(p.sent.is_empty(), "nothing left the requester");
+}
+
+#[test]
+fn receive_too_small_gives_loc_len_err_there_and_rem_inv_req_err_here() {
+    let mut p = Pair::new(1, 2, Mtu::Mtu1024, 14, 7, 7);
+    p.b.qp
+        .post_recv(RecvWr {
+            wr_id: 9,
+            sg_list: sge(&p.b, 0, 100),
+        })
+        .unwrap();
+    p.a.qp
+        .post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            sg_list: sge(&p.a, 0, 3000),
+            flags: signaled(),
+        })
+        .unwrap();
+    p.drive();
+    assert_eq!(p.a.wcs[0].status, WcStatus::RemInvReqErr);
+    assert_eq!(
+        (p.b.wcs[0].wr_id, p.b.wcs[0].status),
+        (9, WcStatus::LocLenErr)
+    );
+    assert_eq!(p.b.qp.state(), QpState::Err);
+}
+
+#[test]
+fn qp_without_remote_write_refuses_writes_with_rem_inv_req_err() {
+    let mut p = Pair::new(1, 2, Mtu::Mtu1024, 14, 7, 7);
+    let only_read = QpAttr {
+        qp_state: QpState::Rts,
+        qp_access_flags: AccessFlags::REMOTE_READ,
+        ..Default::default()
+    };
+    p.b.qp
+        .modify(&only_read, AttrMask::STATE | AttrMask::ACCESS_FLAGS)
+        .unwrap();
+    p.a.qp
+        .post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Write(remote(&p.b, 0)),
+            sg_list: sge(&p.a, 0, 8),
+            flags: signaled(),
+        })
+        .unwrap();
+    p.drive();
+    assert_eq!(p.a.wcs[0].status, WcStatus::RemInvReqErr);
+    assert_eq!(p.b.qp.stats().invalid_requests, 1);
+}
+
+#[test]
+fn sqd_drains_then_resumes() {
+    let mut p = Pair::new(1, 2, Mtu::Mtu1024, 14, 7, 7);
+    p.a.qp
+        .post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Write(remote(&p.b, 0)),
+            sg_list: sge(&p.a, 0, 5000),
+            flags: signaled(),
+        })
+        .unwrap();
+    p.step(); // the first WRITE is under way
+    let sqd = QpAttr {
+        qp_state: QpState::Sqd,
+        ..Default::default()
+    };
+    p.a.qp.modify(&sqd, AttrMask::STATE).unwrap();
+    p.a.qp
+        .post_send(SendWr {
+            wr_id: 2,
+            op: SendOp::Write(remote(&p.b, 0)),
+            sg_list: sge(&p.a, 0, 8),
+            flags: signaled(),
+        })
+        .unwrap();
+    p.drive();
+    let st: Vec<_> = p.a.wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        st,
+        vec![(1, WcStatus::Success)],
+        "the started WR finishes, the new one waits"
+    );
+    assert_eq!(p.a.qp.poll_event(), Some(QpEvent::SqDrained));
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        ..Default::default()
+    };
+    p.a.qp.modify(&rts, AttrMask::STATE).unwrap();
+    p.drive();
+    assert_eq!(p.a.wcs.len(), 2);
+    assert_eq!(p.a.wcs[1].status, WcStatus::Success);
+    // An idle send queue is drained at once.
+    p.a.qp.modify(&sqd, AttrMask::STATE).unwrap();
+    assert_eq!(p.a.qp.poll_event(), Some(QpEvent::SqDrained));
+}
