@@ -3,7 +3,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use monel_rc::memory::{AccessFlags, VecMemory};
-use monel_rc::{AttrMask, CongestionConfig, Instant, Mtu, QpAttr, QpCaps, QpState, RcQp, RecvWr, Sge};
+use monel_rc::{CongestionConfig, Instant, Mtu, QpAttr, QpCaps, RcQp, RecvWr, Sge};
 use monel_wire::{LKey, Psn, Qpn, RKey};
 
 fuzz_target!(|data: &[u8]| {
@@ -11,7 +11,6 @@ fuzz_target!(|data: &[u8]| {
     let buf = mem.register(1 << 16, LKey(1), RKey(1), AccessFlags::ALL);
     let mut qp = RcQp::new(Qpn::new(0x11), QpCaps::default(), CongestionConfig::None);
     let a = QpAttr {
-        qp_state: QpState::Init,
         port_num: 1,
         qp_access_flags: AccessFlags::ALL,
         path_mtu: Mtu::Mtu256,
@@ -22,10 +21,7 @@ fuzz_target!(|data: &[u8]| {
         timeout: 1,
         ..Default::default()
     };
-    type M = AttrMask;
-    qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS).unwrap();
-    qp.modify(&QpAttr { qp_state: QpState::Rtr, ..a }, M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER).unwrap();
-    qp.modify(&QpAttr { qp_state: QpState::Rts, ..a }, M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC).unwrap();
+    qp.bring_up(&a).unwrap();
     for i in 0..4 {
         let _ = qp.post_recv(RecvWr { wr_id: i, sg_list: vec![Sge { addr: buf, length: 4096, lkey: LKey(1) }] });
     }

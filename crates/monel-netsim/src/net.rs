@@ -18,8 +18,7 @@ use std::io::Write;
 
 use monel_rc::memory::VecMemory;
 use monel_rc::{
-    AddressVector, AttrMask, CongestionConfig, Instant, Mtu, QpAttr, QpCaps, QpState, RcQp,
-    WorkCompletion,
+    AddressVector, CongestionConfig, Instant, Mtu, QpAttr, QpCaps, QpState, RcQp, WorkCompletion,
 };
 use monel_wire::frame::{FrameRepr, IpAddress, IpFrame, Ipv4Header};
 use monel_wire::pcap::{LINKTYPE_RAW, PcapWriter};
@@ -489,33 +488,8 @@ fn bring_up(
         max_dest_rd_atomic: cfg.rd_atomic,
         ..Default::default()
     };
-    type M = AttrMask;
-    qp.modify(&attr, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-        .expect("RESET->INIT");
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ..attr
-    };
-    qp.modify(
-        &rtr,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .expect("INIT->RTR");
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        ..attr
-    };
-    qp.modify(
-        &rts,
-        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-    )
-    .expect("RTR->RTS");
+    qp.bring_up(&attr)
+        .expect("a fresh QP comes up with a complete attribute set");
 }
 
 #[cfg(test)]

@@ -5,8 +5,8 @@ use monel_wire::{LKey, Psn, Qpn, RKey};
 
 use crate::memory::{Access, AccessFlags, AtomicOp, Key, MemError, MemoryAccess};
 use crate::{
-    AttrMask, CongestionConfig, Instant, Mtu, QpAttr, QpCaps, QpState, RcQp, RemoteAddr, SendFlags,
-    SendOp, SendWr, Sge,
+    CongestionConfig, Instant, Mtu, QpAttr, QpCaps, RcQp, RemoteAddr, SendFlags, SendOp, SendWr,
+    Sge,
 };
 
 /// Memory that checks every access like a real one but moves no bytes, so measurements
@@ -50,7 +50,6 @@ pub struct EngineLoop {
 
 fn up(qp: &mut RcQp, remote: u32) {
     let a = QpAttr {
-        qp_state: QpState::Init,
         port_num: 1,
         qp_access_flags: AccessFlags::REMOTE_WRITE,
         path_mtu: Mtu::Mtu4096,
@@ -64,28 +63,7 @@ fn up(qp: &mut RcQp, remote: u32) {
         max_dest_rd_atomic: 1,
         ..Default::default()
     };
-    type M = AttrMask;
-    let _ = qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS);
-    let _ = qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rtr,
-            ..a
-        },
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    );
-    let _ = qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rts,
-            ..a
-        },
-        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-    );
+    let _ = qp.bring_up(&a);
 }
 
 impl Default for EngineLoop {

@@ -260,6 +260,28 @@ impl RcQp {
         Ok(())
     }
 
+    /// Takes a QP from RESET to RTS in the three standard steps (INIT, RTR, RTS), each with
+    /// exactly the attributes the RC state table requires, taken from `attr` (its `qp_state`
+    /// is ignored). What a connection manager does once both sides know each other.
+    pub fn bring_up(&mut self, attr: &QpAttr) -> Result<(), ModifyError> {
+        for to in [QpState::Init, QpState::Rtr, QpState::Rts] {
+            let (required, _) = crate::attr::transition_masks(self.state, to).ok_or(
+                ModifyError::InvalidTransition {
+                    from: self.state,
+                    to,
+                },
+            )?;
+            self.modify(
+                &QpAttr {
+                    qp_state: to,
+                    ..*attr
+                },
+                AttrMask::STATE | required,
+            )?;
+        }
+        Ok(())
+    }
+
     fn reset(&mut self) {
         let caps = self.caps;
         let mut req = Requester::new(

@@ -3,9 +3,7 @@
 //! region must stay untouched. Proptest prints the failing case and its seed.
 
 use monel_rc::memory::{AccessFlags, VecMemory};
-use monel_rc::{
-    AttrMask, CongestionConfig, Instant, Mtu, QpAttr, QpCaps, QpState, RcQp, RecvWr, Sge,
-};
+use monel_rc::{CongestionConfig, Instant, Mtu, QpAttr, QpCaps, RcQp, RecvWr, Sge};
 use monel_wire::packet::pad_for;
 use monel_wire::{BthRepr, ExtHeaders, LKey, Opcode, PKey, Psn, Qpn, RKey, RethRepr, RoceRepr};
 use proptest::prelude::*;
@@ -16,7 +14,6 @@ fn live_qp() -> (RcQp, VecMemory, u64, u64) {
     let guarded = mem.register(4096, LKey(2), RKey(0x20), AccessFlags::REMOTE_READ);
     let mut qp = RcQp::new(Qpn::new(0x11), QpCaps::default(), CongestionConfig::None);
     let a = QpAttr {
-        qp_state: QpState::Init,
         port_num: 1,
         qp_access_flags: AccessFlags::ALL,
         path_mtu: Mtu::Mtu256,
@@ -28,31 +25,7 @@ fn live_qp() -> (RcQp, VecMemory, u64, u64) {
         retry_cnt: 2,
         ..Default::default()
     };
-    type M = AttrMask;
-    qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-        .unwrap();
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rtr,
-            ..a
-        },
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rts,
-            ..a
-        },
-        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
+    qp.bring_up(&a).unwrap();
     for i in 0..4 {
         qp.post_recv(RecvWr {
             wr_id: i,

@@ -43,41 +43,16 @@ fn connect(
     retry: u8,
     rnr_retry: u8,
 ) {
-    let init = QpAttr {
-        qp_state: QpState::Init,
+    let attr = QpAttr {
         port_num: 1,
         qp_access_flags: AccessFlags::REMOTE_WRITE
             | AccessFlags::REMOTE_READ
             | AccessFlags::REMOTE_ATOMIC,
-        ..Default::default()
-    };
-    a.modify(
-        &init,
-        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
         path_mtu: mtu,
         dest_qp_num: b_qpn,
         rq_psn: Psn::new(rq_psn),
         max_dest_rd_atomic: 4,
         min_rnr_timer: 1,
-        ..Default::default()
-    };
-    a.modify(
-        &rtr,
-        AttrMask::STATE
-            | AttrMask::AV
-            | AttrMask::PATH_MTU
-            | AttrMask::DEST_QPN
-            | AttrMask::RQ_PSN
-            | AttrMask::MAX_DEST_RD_ATOMIC
-            | AttrMask::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
         sq_psn: Psn::new(sq_psn),
         timeout,
         retry_cnt: retry,
@@ -85,16 +60,8 @@ fn connect(
         max_rd_atomic: 4,
         ..Default::default()
     };
-    a.modify(
-        &rts,
-        AttrMask::STATE
-            | AttrMask::SQ_PSN
-            | AttrMask::TIMEOUT
-            | AttrMask::RETRY_CNT
-            | AttrMask::RNR_RETRY
-            | AttrMask::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
+    a.bring_up(&attr).unwrap();
+    assert_eq!(a.state(), QpState::Rts);
 }
 
 fn side(qpn: u32, cc: CongestionConfig) -> Side {
