@@ -929,3 +929,33 @@ fn sqd_drains_then_resumes() {
     p.a.qp.modify(&sqd, AttrMask::STATE).unwrap();
     assert_eq!(p.a.qp.poll_event(), Some(QpEvent::SqDrained));
 }
+
+#[test]
+fn broken_receive_buffer_gives_rem_op_err() {
+    let mut p = Pair::new(1, 2, Mtu::Mtu1024, 14, 7, 7);
+    let bad = vec![Sge {
+        addr: p.b.buf,
+        length: 64,
+        lkey: LKey(0xbad),
+    }];
+    p.b.qp
+        .post_recv(RecvWr {
+            wr_id: 4,
+            sg_list: bad,
+        })
+        .unwrap();
+    p.a.qp
+        .post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            sg_list: sge(&p.a, 0, 32),
+            flags: signaled(),
+        })
+        .unwrap();
+    p.drive();
+    assert_eq!(p.a.wcs[0].status, WcStatus::RemOpErr);
+    assert_eq!(
+        (p.b.wcs[0].wr_id, p.b.wcs[0].status),
+        (4, WcStatus::LocProtErr)
+    );
+}
