@@ -336,11 +336,12 @@ impl Network {
                 if let Some(t) = host.qps[i].poll_transmit(now, &mut self.buf[hdr..], &host.mem) {
                     host.rr = (i + 1) % n;
                     host.ident = host.ident.wrapping_add(1);
-                    let av = host.qps[i].attr().ah_attr;
+                    let attr = host.qps[i].attr();
+                    let av = attr.ah_attr;
                     let framing = FrameRepr {
                         src: IpAddress::V4(host.ip),
                         dst: IpAddress::V4(host.peers[i]),
-                        src_port: udp_sport(host.qps[i].qpn(), host.qps[i].attr().dest_qp_num),
+                        src_port: udp_sport(host.qps[i].qpn(), attr.dest_qp_num),
                         dst_port: ROCE_V2_UDP_PORT,
                         traffic_class: av.traffic_class,
                         hop_limit: av.hop_limit,

@@ -516,7 +516,7 @@ impl Workload {
         while self.completed < total {
             self.post_more(net);
             let progressed = net.run_until(self.cfg.deadline, |n| {
-                (0..n_hosts(n)).any(|h| !n.host(h).completions.is_empty())
+                (0..n.host_count()).any(|h| !n.host(h).completions.is_empty())
             });
             if !progressed {
                 return Err(format!(
@@ -560,7 +560,7 @@ impl Workload {
         let mut stats = QpStats::default();
         let mut lost = 0;
         let mut icrc = 0;
-        for h in 0..n_hosts(net) {
+        for h in 0..net.host_count() {
             for qp in &net.host(h).qps {
                 add_stats(&mut stats, &qp.stats());
             }
@@ -583,10 +583,6 @@ impl Flow {
     fn dst_slot(&self, slot: usize, ml: u32) -> u64 {
         self.dst + (slot as u64) * u64::from(ml)
     }
-}
-
-fn n_hosts(net: &Network) -> usize {
-    net.host_count()
 }
 
 fn take_completions(net: &mut Network, h: usize, qp: usize) -> Vec<monel_rc::WorkCompletion> {

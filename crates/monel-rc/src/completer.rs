@@ -9,7 +9,6 @@ use std::collections::VecDeque;
 use monel_wire::opcode::Operation;
 use monel_wire::{AethSyndrome, NakCode, Psn, RocePacket};
 
-use crate::congestion::AnyController;
 use crate::memory::MemoryAccess;
 use crate::requester::{Requester, scatter};
 use crate::stats::QpStats;
@@ -23,7 +22,6 @@ impl Requester {
         now: Instant,
         pkt: &RocePacket<&[u8]>,
         mem: &mut M,
-        _cc: &mut AnyController,
         stats: &mut QpStats,
         cq: &mut VecDeque<WorkCompletion>,
     ) {
@@ -67,15 +65,9 @@ impl Requester {
                     AethSyndrome::Nak(NakCode::PsnSequenceError) => {
                         self.ack_through(now, psn - 1, stats, cq);
                         stats.seq_naks_received += 1;
-                        if !self.outstanding() || self.rnr_wait_until.is_some() {
-                            return;
+                        if self.outstanding() && self.rnr_wait_until.is_none() {
+                            self.retry(now, cq);
                         }
-                        if !self.consume_retry() {
-                            self.fail(WcStatus::RetryExcErr, cq);
-                            return;
-                        }
-                        self.rewind();
-                        self.arm_timer(now);
                     }
                     AethSyndrome::Nak(code) => {
                         self.ack_through(now, psn - 1, stats, cq);
@@ -229,17 +221,19 @@ impl Requester {
         clear
     }
 
-    /// Takes one retry; false if none is left. `retry_cnt = 7` retries forever, as rxe does
+    /// One retry round after a timeout or sequence NAK: go back N, or complete the front WQE
+    /// with RETRY_EXC_ERR when no retry is left. `retry_cnt = 7` retries forever, as rxe does
     /// (IBA counts seven); 0 to 6 are exact.
-    fn consume_retry(&mut self) -> bool {
-        if self.retry_cnt == 7 {
-            return true;
+    fn retry(&mut self, now: Instant, cq: &mut VecDeque<WorkCompletion>) {
+        if self.retry_cnt != 7 {
+            if self.retries_left == 0 {
+                self.fail(WcStatus::RetryExcErr, cq);
+                return;
+            }
+            self.retries_left -= 1;
         }
-        if self.retries_left == 0 {
-            return false;
-        }
-        self.retries_left -= 1;
-        true
+        self.rewind();
+        self.arm_timer(now);
     }
 
     /// Forward progress: reset retry counters and restart the timer.
@@ -263,16 +257,11 @@ impl Requester {
         }
         if self.retransmit_at.is_some_and(|t| t <= now) {
             stats.timeouts += 1;
-            if !self.outstanding() {
+            if self.outstanding() {
+                self.retry(now, cq);
+            } else {
                 self.retransmit_at = None;
-                return;
             }
-            if !self.consume_retry() {
-                self.fail(WcStatus::RetryExcErr, cq);
-                return;
-            }
-            self.rewind();
-            self.arm_timer(now);
         }
     }
 }

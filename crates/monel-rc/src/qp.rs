@@ -21,7 +21,7 @@ use crate::requester::{Requester, TxBlock};
 use crate::responder::Responder;
 use crate::stats::QpStats;
 use crate::time::{Instant, ack_timeout, earliest};
-use crate::wr::{PostError, RecvWr, SendOp, SendWr, WorkCompletion};
+use crate::wr::{PostError, RecvWr, SendWr, WorkCompletion};
 
 /// Limits fixed at creation (`ibv_qp_cap` plus engine tuning).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -410,14 +410,8 @@ impl RcQp {
             self.resp
                 .handle_request(&pkt, mem, &mut self.stats, &mut self.recv_cq);
         } else if self.state != QpState::Rtr {
-            self.req.handle_response(
-                now,
-                &pkt,
-                mem,
-                &mut self.cc,
-                &mut self.stats,
-                &mut self.send_cq,
-            );
+            self.req
+                .handle_response(now, &pkt, mem, &mut self.stats, &mut self.send_cq);
         } else {
             self.stats.dropped += 1;
         }
@@ -538,12 +532,5 @@ impl RcQp {
     /// True if this QP has a packet it could send now or a WQE waiting.
     pub fn wants_to_send(&self) -> bool {
         self.resp.cnp_pending || self.resp.has_replies() || self.req.has_work()
-    }
-}
-
-impl SendOp {
-    /// Bytes this operation moves given its SGE total (atomics move 8).
-    pub fn message_len(&self, sge_total: u32) -> u32 {
-        if self.is_atomic() { 8 } else { sge_total }
     }
 }

@@ -435,38 +435,46 @@ fn check_local<M: MemoryAccess + ?Sized>(mem: &M, wr: &SendWr) -> Result<(), WcS
     Ok(())
 }
 
-/// Copies `out.len()` bytes starting `offset` bytes into the SGE list.
-pub(crate) fn gather<M: MemoryAccess + ?Sized>(
-    mem: &M,
+/// Walks `len` bytes of an SGE list starting `offset` bytes in, calling `f(sge, address,
+/// range within the caller's buffer)` per piece. `LocLenErr` if the list is too short;
+/// `LocProtErr` if `f` fails.
+fn walk_sges<E>(
     sges: &[Sge],
     mut offset: u32,
-    mut out: &mut [u8],
+    len: usize,
+    mut f: impl FnMut(&Sge, u64, core::ops::Range<usize>) -> Result<(), E>,
 ) -> Result<(), WcStatus> {
+    let mut done = 0;
     for s in sges {
-        if out.is_empty() {
+        if done == len {
             break;
         }
         if offset >= s.length {
             offset -= s.length;
             continue;
         }
-        let n = ((s.length - offset) as usize).min(out.len());
-        let (now, rest) = out.split_at_mut(n);
-        mem.read(
-            Key::Local(s.lkey),
-            s.addr + u64::from(offset),
-            now,
-            Access::LocalRead,
-        )
-        .map_err(|_| WcStatus::LocProtErr)?;
-        out = rest;
+        let n = ((s.length - offset) as usize).min(len - done);
+        f(s, s.addr + u64::from(offset), done..done + n).map_err(|_| WcStatus::LocProtErr)?;
+        done += n;
         offset = 0;
     }
-    if out.is_empty() {
+    if done == len {
         Ok(())
     } else {
         Err(WcStatus::LocLenErr)
     }
+}
+
+/// Copies `out.len()` bytes starting `offset` bytes into the SGE list.
+pub(crate) fn gather<M: MemoryAccess + ?Sized>(
+    mem: &M,
+    sges: &[Sge],
+    offset: u32,
+    out: &mut [u8],
+) -> Result<(), WcStatus> {
+    walk_sges(sges, offset, out.len(), |s, addr, r| {
+        mem.read(Key::Local(s.lkey), addr, &mut out[r], Access::LocalRead)
+    })
 }
 
 /// Copies `data` into the SGE list starting `offset` bytes in. Errors: too long (`LocLenErr`),
@@ -474,32 +482,10 @@ pub(crate) fn gather<M: MemoryAccess + ?Sized>(
 pub(crate) fn scatter<M: MemoryAccess + ?Sized>(
     mem: &mut M,
     sges: &[Sge],
-    mut offset: u32,
-    mut data: &[u8],
+    offset: u32,
+    data: &[u8],
 ) -> Result<(), WcStatus> {
-    for s in sges {
-        if data.is_empty() {
-            break;
-        }
-        if offset >= s.length {
-            offset -= s.length;
-            continue;
-        }
-        let n = ((s.length - offset) as usize).min(data.len());
-        let (now, rest) = data.split_at(n);
-        mem.write(
-            Key::Local(s.lkey),
-            s.addr + u64::from(offset),
-            now,
-            Access::LocalWrite,
-        )
-        .map_err(|_| WcStatus::LocProtErr)?;
-        data = rest;
-        offset = 0;
-    }
-    if data.is_empty() {
-        Ok(())
-    } else {
-        Err(WcStatus::LocLenErr)
-    }
+    walk_sges(sges, offset, data.len(), |s, addr, r| {
+        mem.write(Key::Local(s.lkey), addr, &data[r], Access::LocalWrite)
+    })
 }

@@ -384,11 +384,7 @@ impl Responder {
                 if !len_ok {
                     return self.nak(psn, NakCode::InvalidRequest, stats);
                 }
-                if total > 0
-                    && mem
-                        .check(Key::Remote(rkey), va, u64::from(total), Access::RemoteWrite)
-                        .is_err()
-                {
+                if !remote_ok(mem, rkey, va, total, Access::RemoteWrite) {
                     return self.nak(psn, NakCode::RemoteAccessError, stats);
                 }
                 if op == WriteOnlyImm && self.rq.is_empty() {
@@ -459,11 +455,7 @@ impl Responder {
                 if len > MAX_MSG {
                     return self.nak(psn, NakCode::InvalidRequest, stats);
                 }
-                if len > 0
-                    && mem
-                        .check(Key::Remote(rkey), va, u64::from(len), Access::RemoteRead)
-                        .is_err()
-                {
+                if !remote_ok(mem, rkey, va, len, Access::RemoteRead) {
                     return self.nak(psn, NakCode::RemoteAccessError, stats);
                 }
                 let npkts = len.div_ceil(mtu).max(1);
@@ -728,4 +720,19 @@ impl Responder {
             }
         }
     }
+}
+
+/// Whether a peer may access `len` bytes at `va` under `rkey` (zero-length accesses are not
+/// checked, as IBA C9-88 and rxe).
+fn remote_ok<M: MemoryAccess + ?Sized>(
+    mem: &M,
+    rkey: RKey,
+    va: u64,
+    len: u32,
+    access: Access,
+) -> bool {
+    len == 0
+        || mem
+            .check(Key::Remote(rkey), va, u64::from(len), access)
+            .is_ok()
 }
