@@ -50,6 +50,89 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], roce: &[u8]) -> Result<u32> 
     Ok(h.finalize())
 }
 
+/// What a receiver behind a UDP socket needs to check IPv4 ICRCs: the socket shows the
+/// addresses, ports, lengths and TOS, but not the IP identification field, which the ICRC
+/// covers. CRC-32 is affine, so the 16 unknown ID bits change the CRC by a linear map `L`; for
+/// one datagram length this basis holds `L(1 << i)` for each bit. Given the CRC computed with
+/// ID 0, [`Ipv4IdBasis::solve`] finds the one ID (if any) that makes the carried ICRC right.
+/// A corrupted packet passes only if its error happens to equal some `L(id)`: a chance of
+/// 2^-16 instead of 2^-32, and the recovered ID can be checked for plausibility on top.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ipv4IdBasis {
+    /// Reduced rows: (32-bit CRC difference, 16-bit ID combination), highest pivot first.
+    rows: [(u32, u16); 16],
+    n: usize,
+}
+
+impl Ipv4IdBasis {
+    /// The basis for IPv4 RoCE packets whose RoCE part (BTH through ICRC) is `roce_len` bytes.
+    pub fn new(roce_len: usize) -> Self {
+        // Covered bytes: 8 prefix + 20 IP + 8 UDP + roce_len - 4 (ICRC). The ID is at
+        // offset 8 + 4 of the covered stream.
+        let covered = PREFIX + 20 + 8 + roce_len.saturating_sub(4);
+        let zero = crc_with_bit(covered, None);
+        let mut rows = [(0u32, 0u16); 16];
+        let mut n = 0;
+        for bit in 0..16u16 {
+            let mut v = crc_with_bit(covered, Some(bit)) ^ zero;
+            let mut combo = 1u16 << bit;
+            // Reduce against existing rows (kept in echelon form by pivot bit).
+            for &(rv, rc) in &rows[..n] {
+                if v & (1 << (31 - rv.leading_zeros())) != 0 {
+                    v ^= rv;
+                    combo ^= rc;
+                }
+            }
+            if v != 0 {
+                // Eliminate the new pivot from the earlier rows to keep the basis reduced.
+                let pivot = 1u32 << (31 - v.leading_zeros());
+                for row in &mut rows[..n] {
+                    if row.0 & pivot != 0 {
+                        row.0 ^= v;
+                        row.1 ^= combo;
+                    }
+                }
+                rows[n] = (v, combo);
+                n += 1;
+            }
+        }
+        Self { rows, n }
+    }
+
+    /// The IP identification that turns `computed_with_id0` into `carried`, if one exists.
+    pub fn solve(&self, computed_with_id0: u32, carried: u32) -> Option<u16> {
+        let mut d = computed_with_id0 ^ carried;
+        let mut id = 0u16;
+        for &(rv, rc) in &self.rows[..self.n] {
+            if d & (1 << (31 - rv.leading_zeros())) != 0 {
+                d ^= rv;
+                id ^= rc;
+            }
+        }
+        (d == 0).then_some(id)
+    }
+}
+
+/// CRC-32 of `len` zero bytes, with one bit of the IPv4 ID field (covered offset 12..14) set.
+fn crc_with_bit(len: usize, bit: Option<u16>) -> u32 {
+    const ZEROS: [u8; 256] = [0; 256];
+    let mut h = crc32fast::Hasher::new();
+    let mut head = [0u8; 14];
+    if let Some(b) = bit {
+        let v = (1u16 << b).to_be_bytes();
+        head[12] = v[0];
+        head[13] = v[1];
+    }
+    h.update(&head);
+    let mut left = len - head.len();
+    while left > 0 {
+        let k = left.min(ZEROS.len());
+        h.update(&ZEROS[..k]);
+        left -= k;
+    }
+    h.finalize()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,5 +205,28 @@ mod tests {
         ip6[0] = 0x7f; // the version nibble is covered
         assert_ne!(compute(&ip6, &udp, &roce).unwrap(), base);
         assert_eq!(compute(&ip6[..39], &udp, &roce), Err(WireError::BadLength));
+    }
+
+    #[test]
+    fn unknown_ipv4_id_is_recovered_and_corruption_caught() {
+        let mut ip = hex("4501 0040 0478 4000 4011 b4d5 c0a80007 c0a80007");
+        let udp = hex("c000 12b7 002c aca2");
+        let roce = hex("2460ffff000000d300cf1710 4630818be28935d90e9a95505401be885e50 0000");
+        let carried = compute(&ip, &udp, &roce).unwrap();
+        ip[4] = 0;
+        ip[5] = 0;
+        let with0 = compute(&ip, &udp, &roce).unwrap();
+        let basis = Ipv4IdBasis::new(roce.len() + 4);
+        assert_eq!(basis.solve(with0, carried), Some(0x0478));
+        assert_eq!(basis.solve(with0, with0), Some(0));
+        let mut bad = roce.clone();
+        bad[20] ^= 0x10;
+        let wrong = compute(&ip, &udp, &bad).unwrap();
+        assert_eq!(basis.solve(wrong, carried), None);
+        for id in [1u16, 0x8000, 0xffff, 0x1234] {
+            ip[4..6].copy_from_slice(&id.to_be_bytes());
+            let c = compute(&ip, &udp, &roce).unwrap();
+            assert_eq!(basis.solve(with0, c), Some(id));
+        }
     }
 }

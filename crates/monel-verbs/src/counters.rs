@@ -1,0 +1,104 @@
+//! Device counters, like rxe's `rdma statistic` set.
+
+use std::fmt;
+
+use monel_rc::QpStats;
+
+/// Counters of one device: what its sockets saw, plus the sum of its QPs' counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceCounters {
+    /// Datagrams received.
+    pub rx_packets: u64,
+    /// Bytes received (UDP payload).
+    pub rx_bytes: u64,
+    /// Datagrams sent.
+    pub tx_packets: u64,
+    /// Bytes sent (UDP payload).
+    pub tx_bytes: u64,
+    /// Dropped: ICRC wrong.
+    pub icrc_errors: u64,
+    /// Accepted IPv4 packets whose ICRC only matched after solving for the IP ID (senders
+    /// such as rxe that number their datagrams).
+    pub icrc_ip_id_solved: u64,
+    /// Dropped: no QP with that number.
+    pub unknown_qpn: u64,
+    /// Dropped: source address is not the QP's connected peer.
+    pub bad_source: u64,
+    /// Dropped: too short, bad lengths, unknown opcode layout.
+    pub malformed: u64,
+    /// Received with ECN congestion experienced.
+    pub ecn_ce: u64,
+    /// Send calls that failed.
+    pub tx_errors: u64,
+    /// Number of sendmmsg calls.
+    pub tx_batches: u64,
+    /// Number of recvmmsg calls that returned data.
+    pub rx_batches: u64,
+    /// Live QPs.
+    pub qps: u64,
+    /// Live memory regions (including per-QP inline buffers).
+    pub mrs: u64,
+    /// The QPs' counters, summed (destroyed QPs included).
+    pub qp: QpStats,
+}
+
+pub(crate) fn add_stats(a: &mut QpStats, b: &QpStats) {
+    a.tx_packets += b.tx_packets;
+    a.tx_bytes += b.tx_bytes;
+    a.rx_packets += b.rx_packets;
+    a.retransmitted_packets += b.retransmitted_packets;
+    a.timeouts += b.timeouts;
+    a.seq_naks_sent += b.seq_naks_sent;
+    a.seq_naks_received += b.seq_naks_received;
+    a.rnr_naks_sent += b.rnr_naks_sent;
+    a.rnr_naks_received += b.rnr_naks_received;
+    a.duplicate_requests += b.duplicate_requests;
+    a.duplicate_responses += b.duplicate_responses;
+    a.out_of_sequence += b.out_of_sequence;
+    a.access_errors += b.access_errors;
+    a.invalid_requests += b.invalid_requests;
+    a.acks_sent += b.acks_sent;
+    a.cnps_sent += b.cnps_sent;
+    a.cnps_received += b.cnps_received;
+    a.dropped += b.dropped;
+    a.fast_retries += b.fast_retries;
+}
+
+impl fmt::Display for DeviceCounters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let q = &self.qp;
+        let rows: [(&str, u64); 27] = [
+            ("rx_packets", self.rx_packets),
+            ("rx_bytes", self.rx_bytes),
+            ("tx_packets", self.tx_packets),
+            ("tx_bytes", self.tx_bytes),
+            ("icrc_errors", self.icrc_errors),
+            ("icrc_ip_id_solved", self.icrc_ip_id_solved),
+            ("unknown_qpn", self.unknown_qpn),
+            ("bad_source", self.bad_source),
+            ("malformed", self.malformed),
+            ("ecn_ce", self.ecn_ce),
+            ("tx_errors", self.tx_errors),
+            ("qps", self.qps),
+            ("mrs", self.mrs),
+            ("qp_retransmitted", q.retransmitted_packets),
+            ("qp_timeouts", q.timeouts),
+            ("qp_seq_naks_sent", q.seq_naks_sent),
+            ("qp_seq_naks_received", q.seq_naks_received),
+            ("qp_rnr_naks_sent", q.rnr_naks_sent),
+            ("qp_rnr_naks_received", q.rnr_naks_received),
+            ("qp_duplicate_requests", q.duplicate_requests),
+            ("qp_duplicate_responses", q.duplicate_responses),
+            ("qp_out_of_sequence", q.out_of_sequence),
+            ("qp_access_errors", q.access_errors),
+            ("qp_invalid_requests", q.invalid_requests),
+            ("qp_cnps_sent", q.cnps_sent),
+            ("qp_cnps_received", q.cnps_received),
+            ("qp_dropped", q.dropped),
+        ];
+        for (k, v) in rows {
+            writeln!(f, "{k:<24} {v}")?;
+        }
+        Ok(())
+    }
+}

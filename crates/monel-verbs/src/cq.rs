@@ -1,0 +1,133 @@
+//! Completion queues with batch polling, blocking waits (the completion channel) and overflow
+//! reported as an asynchronous error.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use monel_rc::WorkCompletion;
+
+#[derive(Debug, Default)]
+struct CqState {
+    wcs: VecDeque<WorkCompletion>,
+    overflowed: bool,
+    /// Incremented on every push; waiters compare.
+    events: u64,
+}
+
+/// The part of a CQ the progress engine shares.
+#[derive(Debug)]
+pub(crate) struct CqShared {
+    pub(crate) id: u32,
+    capacity: usize,
+    state: Mutex<CqState>,
+    cv: Condvar,
+}
+
+impl CqShared {
+    pub(crate) fn new(id: u32, capacity: usize) -> Self {
+        Self {
+            id,
+            capacity,
+            state: Mutex::new(CqState::default()),
+            cv: Condvar::new(),
+        }
+    }
+    /// Adds completions; returns false (and drops the overflow) if the queue was full.
+    pub(crate) fn push(&self, wcs: impl IntoIterator<Item = WorkCompletion>) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut ok = true;
+        let mut any = false;
+        for wc in wcs {
+            if s.wcs.len() >= self.capacity {
+                s.overflowed = true;
+                ok = false;
+                continue;
+            }
+            s.wcs.push_back(wc);
+            any = true;
+        }
+        if any {
+            s.events += 1;
+            self.cv.notify_all();
+        }
+        ok
+    }
+}
+
+/// A completion queue (`ibv_cq`).
+#[derive(Debug, Clone)]
+pub struct CompletionQueue {
+    pub(crate) shared: Arc<CqShared>,
+}
+
+impl CompletionQueue {
+    /// Takes up to `max` completions (`ibv_poll_cq`).
+    pub fn poll(&self, max: usize) -> Vec<WorkCompletion> {
+        let mut out = Vec::new();
+        self.poll_into(max, &mut out);
+        out
+    }
+    /// Appends up to `max` completions to `out`; returns how many.
+    pub fn poll_into(&self, max: usize, out: &mut Vec<WorkCompletion>) -> usize {
+        let mut s = self
+            .shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let n = max.min(s.wcs.len());
+        out.extend(s.wcs.drain(..n));
+        n
+    }
+    /// Blocks until a completion is queued or `timeout` passes (`ibv_req_notify_cq` plus
+    /// `ibv_get_cq_event` on a completion channel). Returns true if one is queued.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut s = self
+            .shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        while s.wcs.is_empty() {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            s = self
+                .shared
+                .cv
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        true
+    }
+    /// Polls until `n` completions arrived or `timeout` passed; returns what arrived.
+    pub fn poll_n(&self, n: usize, timeout: Duration) -> Vec<WorkCompletion> {
+        let deadline = Instant::now() + timeout;
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let need = n - out.len();
+            if self.poll_into(need, &mut out) == 0 {
+                let now = Instant::now();
+                if now >= deadline || !self.wait(deadline - now) {
+                    break;
+                }
+            }
+        }
+        out
+    }
+    /// True once a completion was dropped because the queue was full (also reported as
+    /// [`crate::AsyncEvent::CqError`]).
+    pub fn overflowed(&self) -> bool {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .overflowed
+    }
+    /// Capacity (`cqe`).
+    pub fn capacity(&self) -> usize {
+        self.shared.capacity
+    }
+}

@@ -1,0 +1,326 @@
+//! Devices, ports and GID tables: one soft device per IP interface, or one bound to an address
+//! the user names. GIDs follow rxe: the IPv6 link-local GID first, then one IPv4-mapped GID
+//! per IPv4 address, then the other IPv6 addresses; all are RoCE v2.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr};
+
+use monel_rc::Mtu;
+use monel_wire::IpAddress;
+
+use crate::error::{ErrorKind, Result, VerbsError};
+
+/// A 16-byte GID.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Gid(pub [u8; 16]);
+
+impl Gid {
+    /// The GID of an IP address (IPv4 becomes `::ffff:a.b.c.d`).
+    pub fn from_ip(ip: IpAddr) -> Self {
+        match ip {
+            IpAddr::V4(a) => Self(IpAddress::V4(a.octets()).to_gid()),
+            IpAddr::V6(a) => Self(a.octets()),
+        }
+    }
+    /// The IP address this GID stands for (rxe's `rdma_gid2ip`).
+    pub fn to_ip(self) -> IpAddr {
+        match IpAddress::from_gid(self.0) {
+            IpAddress::V4(a) => IpAddr::from(a),
+            IpAddress::V6(a) => IpAddr::from(a),
+        }
+    }
+    /// The GID as rdma-core's pingpong puts it on the wire: 32 lowercase hex digits.
+    pub fn to_wire_hex(self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+    /// Parses 32 hex digits (the inverse of [`to_wire_hex`](Self::to_wire_hex)).
+    pub fn from_wire_hex(s: &str) -> Option<Self> {
+        if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let mut g = [0u8; 16];
+        for (i, b) in g.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(Self(g))
+    }
+    /// True if the interface ID (last 8 bytes) is non-zero, i.e. the GID is usable in a GRH.
+    pub fn is_global(self) -> bool {
+        self.0[8..].iter().any(|&b| b != 0)
+    }
+}
+
+impl fmt::Display for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, c) in self.0.chunks(2).enumerate() {
+            if i > 0 {
+                f.write_str(":")?;
+            }
+            write!(f, "{:02x}{:02x}", c[0], c[1])?;
+        }
+        Ok(())
+    }
+}
+impl fmt::Debug for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Gid({self})")
+    }
+}
+
+/// One GID table entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GidEntry {
+    /// The GID.
+    pub gid: Gid,
+    /// Interface index (scope of link-local IPv6 addresses).
+    pub ifindex: u32,
+}
+
+/// Port state (`ibv_port_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortState {
+    /// The interface is down.
+    Down = 1,
+    /// The interface is up and the port can carry traffic.
+    Active = 4,
+}
+
+/// Port attributes (`ibv_port_attr`, the RoCE-relevant part).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortAttr {
+    /// Port state.
+    pub state: PortState,
+    /// Largest MTU the port supports.
+    pub max_mtu: Mtu,
+    /// MTU usable on this link: the largest IB MTU that fits the IP MTU minus 80 bytes of
+    /// headers (rxe's rule: 1500 gives 1024).
+    pub active_mtu: Mtu,
+    /// The interface's IP MTU.
+    pub link_mtu: u32,
+    /// Number of GID entries.
+    pub gid_tbl_len: u32,
+}
+
+/// A soft RoCE device: an IP interface (or one address of it) driven by Monel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    /// Device name (`monel_<interface>`).
+    pub name: String,
+    /// The interface it sits on.
+    pub ifname: String,
+    /// GID table.
+    pub gids: Vec<GidEntry>,
+    /// Interface MTU.
+    pub link_mtu: u32,
+    /// True if the interface is up.
+    pub up: bool,
+    /// Node GUID (EUI-64 from the MAC, or from the first address where there is no MAC).
+    pub node_guid: u64,
+}
+
+/// The largest IB MTU that fits an IP MTU, as rxe computes `active_mtu`.
+pub fn active_mtu_for(link_mtu: u32) -> Mtu {
+    let room = link_mtu.saturating_sub(80);
+    [Mtu::Mtu4096, Mtu::Mtu2048, Mtu::Mtu1024, Mtu::Mtu512]
+        .into_iter()
+        .find(|m| m.bytes() <= room)
+        .unwrap_or(Mtu::Mtu256)
+}
+
+fn sysfs(ifname: &str, leaf: &str) -> Option<String> {
+    std::fs::read_to_string(format!("/sys/class/net/{ifname}/{leaf}"))
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+fn guid_from(ifname: &str, first: Option<IpAddr>) -> u64 {
+    let mac: Vec<u8> = sysfs(ifname, "address")
+        .unwrap_or_default()
+        .split(':')
+        .filter_map(|h| u8::from_str_radix(h, 16).ok())
+        .collect();
+    if mac.len() == 6 && mac.iter().any(|&b| b != 0) {
+        u64::from_be_bytes([
+            mac[0] ^ 2,
+            mac[1],
+            mac[2],
+            0xff,
+            0xfe,
+            mac[3],
+            mac[4],
+            mac[5],
+        ])
+    } else {
+        let g = first.map(Gid::from_ip).unwrap_or_default().0;
+        u64::from_be_bytes([g[8], g[9], g[10], g[11], g[12], g[13], g[14], g[15]])
+    }
+}
+
+/// Lists one device per IP interface that has addresses (`ibv_get_device_list`).
+pub fn devices() -> Result<Vec<Device>> {
+    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| VerbsError::io("ibv_get_device_list", e))?;
+    let mut by_if: Vec<(String, Vec<(IpAddr, u32)>)> = Vec::new();
+    for a in addrs {
+        let Some(sa) = a.address else { continue };
+        let ip = if let Some(v4) = sa.as_sockaddr_in() {
+            IpAddr::V4(v4.ip())
+        } else if let Some(v6) = sa.as_sockaddr_in6() {
+            IpAddr::V6(v6.ip())
+        } else {
+            continue;
+        };
+        let ifindex = nix::net::if_::if_nametoindex(a.interface_name.as_str()).unwrap_or(0);
+        match by_if.iter_mut().find(|(n, _)| *n == a.interface_name) {
+            Some((_, v)) => v.push((ip, ifindex)),
+            None => by_if.push((a.interface_name.clone(), vec![(ip, ifindex)])),
+        }
+    }
+    Ok(by_if
+        .into_iter()
+        .map(|(ifname, ips)| build(&ifname, ips))
+        .collect())
+}
+
+fn is_link_local(ip: &IpAddr) -> bool {
+    matches!(ip, IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80)
+}
+
+fn build(ifname: &str, mut ips: Vec<(IpAddr, u32)>) -> Device {
+    // rxe order: link-local IPv6 first, then IPv4 (as mapped GIDs), then other IPv6.
+    ips.sort_by_key(|(ip, _)| match ip {
+        _ if is_link_local(ip) => 0,
+        IpAddr::V4(_) => 1,
+        IpAddr::V6(_) => 2,
+    });
+    let link_mtu = sysfs(ifname, "mtu")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1500);
+    let up = sysfs(ifname, "operstate").is_none_or(|s| s != "down");
+    Device {
+        name: format!("monel_{ifname}"),
+        ifname: ifname.to_string(),
+        node_guid: guid_from(ifname, ips.first().map(|x| x.0)),
+        gids: ips
+            .into_iter()
+            .map(|(ip, ifindex)| GidEntry {
+                gid: Gid::from_ip(ip),
+                ifindex,
+            })
+            .collect(),
+        link_mtu,
+        up,
+    }
+}
+
+impl Device {
+    /// A device bound to one address: its GID table has that address alone (index 0). The
+    /// interface holding the address supplies the MTU; an address on no interface (any of
+    /// 127.0.0.0/8 counts as `lo`) is refused.
+    pub fn bind(ip: IpAddr) -> Result<Self> {
+        let all = devices()?;
+        let on_if = all
+            .iter()
+            .find(|d| d.gids.iter().any(|g| g.gid.to_ip() == ip));
+        let ifname = match (on_if, ip) {
+            (Some(d), _) => d.ifname.clone(),
+            (None, IpAddr::V4(a)) if a.is_loopback() => "lo".to_string(),
+            _ => {
+                return Err(VerbsError::new(
+                    "ibv_open_device",
+                    ErrorKind::NotFound(format!("no interface holds address {ip}")),
+                ));
+            }
+        };
+        let ifindex = nix::net::if_::if_nametoindex(ifname.as_str()).unwrap_or(0);
+        let mut d = build(&ifname, vec![(ip, ifindex)]);
+        d.name = format!("monel_{ifname}_{ip}");
+        Ok(d)
+    }
+
+    /// Finds a device by name (`monel_lo`) or interface name (`lo`).
+    pub fn by_name(name: &str) -> Result<Self> {
+        devices()?
+            .into_iter()
+            .find(|d| d.name == name || d.ifname == name)
+            .ok_or_else(|| {
+                VerbsError::new("ibv_get_device_list", ErrorKind::NotFound(name.to_string()))
+            })
+    }
+
+    /// Port 1's attributes (`ibv_query_port`).
+    pub fn port_attr(&self) -> PortAttr {
+        PortAttr {
+            state: if self.up {
+                PortState::Active
+            } else {
+                PortState::Down
+            },
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: active_mtu_for(self.link_mtu),
+            link_mtu: self.link_mtu,
+            gid_tbl_len: self.gids.len() as u32,
+        }
+    }
+
+    /// The GID at `index` (`ibv_query_gid`).
+    pub fn gid(&self, index: u8) -> Result<GidEntry> {
+        self.gids.get(usize::from(index)).copied().ok_or_else(|| {
+            VerbsError::new(
+                "ibv_query_gid",
+                ErrorKind::NotFound(format!("GID index {index} (table has {})", self.gids.len())),
+            )
+        })
+    }
+
+    /// Index of the first IPv4-mapped GID, which rdma-core tools use with `-g`.
+    pub fn ipv4_gid_index(&self) -> Option<u8> {
+        self.gids
+            .iter()
+            .position(|g| g.gid.to_ip().is_ipv4())
+            .map(|i| i as u8)
+    }
+}
+
+/// `ip` as an IPv6 address for display of mapped GIDs.
+pub fn ipv6_of(g: Gid) -> Ipv6Addr {
+    Ipv6Addr::from(g.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtu_rule_matches_rxe() {
+        assert_eq!(active_mtu_for(1500), Mtu::Mtu1024);
+        assert_eq!(active_mtu_for(4176), Mtu::Mtu4096);
+        assert_eq!(active_mtu_for(4175), Mtu::Mtu2048);
+        assert_eq!(active_mtu_for(65536), Mtu::Mtu4096);
+        assert_eq!(active_mtu_for(300), Mtu::Mtu256);
+    }
+
+    #[test]
+    fn gid_hex_round_trip() {
+        let g = Gid::from_ip("10.77.0.3".parse().unwrap());
+        assert_eq!(g.to_wire_hex(), "00000000000000000000ffff0a4d0003");
+        assert_eq!(Gid::from_wire_hex(&g.to_wire_hex()), Some(g));
+        assert_eq!(g.to_ip(), "10.77.0.3".parse::<IpAddr>().unwrap());
+        assert!(g.is_global());
+        assert_eq!(Gid::from_wire_hex("zz"), None);
+        assert_eq!(g.to_string(), "0000:0000:0000:0000:0000:ffff:0a4d:0003");
+    }
+
+    #[test]
+    fn loopback_device_has_ipv4_gid() {
+        let d = Device::by_name("lo").unwrap();
+        let i = d.ipv4_gid_index().unwrap();
+        assert_eq!(
+            d.gid(i).unwrap().gid.to_ip(),
+            "127.0.0.1".parse::<IpAddr>().unwrap()
+        );
+        assert!(d.gid(200).is_err());
+        let b = Device::bind("127.0.0.9".parse().unwrap()).unwrap();
+        assert_eq!(b.gids.len(), 1);
+        assert_eq!(b.port_attr().active_mtu, Mtu::Mtu4096);
+    }
+}

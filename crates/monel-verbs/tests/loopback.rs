@@ -1,0 +1,341 @@
+//! The verbs API over real UDP sockets on loopback: two devices, RC QPs, every operation.
+
+mod common;
+
+use common::*;
+use monel_verbs::*;
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn send_write_read_atomics_over_udp() {
+    let (a, b) = pair(10, 24791, Mtu::Mtu1024);
+    let rw = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
+    let amr = a.pd.reg_mr(pattern(100_000, 7), rw).unwrap();
+    let bmr = b.pd.reg_mr(vec![0u8; 100_000], rw).unwrap();
+
+    // SEND of 10,000 bytes: 10 packets at MTU 1024.
+    b.qp.post_recv(RecvWr {
+        wr_id: 1,
+        sg_list: vec![bmr.sge(0, 20_000)],
+    })
+    .unwrap();
+    a.qp.post_send(SendWr {
+        wr_id: 2,
+        op: SendOp::SendImm(0xabcd),
+        sg_list: vec![amr.sge(0, 10_000)],
+        flags: signaled(),
+    })
+    .unwrap();
+    let wc = one(&a.cq);
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode),
+        (2, WcStatus::Success, WcOpcode::Send)
+    );
+    let wc = one(&b.cq);
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len, wc.imm),
+        (1, WcStatus::Success, 10_000, Some(0xabcd))
+    );
+    assert_eq!(wc.src_qp, a.qp.qp_num());
+    let mut got = vec![0u8; 10_000];
+    bmr.read(0, &mut got).unwrap();
+    assert_eq!(got, pattern(100_000, 7)[..10_000]);
+
+    // WRITE 64 KiB at offset 20,000.
+    let remote = RemoteAddr {
+        addr: bmr.addr() + 20_000,
+        rkey: bmr.rkey(),
+    };
+    a.qp.post_send(SendWr {
+        wr_id: 3,
+        op: SendOp::Write(remote),
+        sg_list: vec![amr.sge(1000, 65_536)],
+        flags: signaled(),
+    })
+    .unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    let mut got = vec![0u8; 65_536];
+    bmr.read(20_000, &mut got).unwrap();
+    assert_eq!(got, pattern(100_000, 7)[1000..1000 + 65_536]);
+
+    // READ it back into a fresh region.
+    let back = a.pd.reg_mr(vec![0u8; 65_536], rw).unwrap();
+    a.qp.post_send(SendWr {
+        wr_id: 4,
+        op: SendOp::Read(remote),
+        sg_list: vec![back.sge(0, 65_536)],
+        flags: signaled(),
+    })
+    .unwrap();
+    let wc = one(&a.cq);
+    assert_eq!(
+        (wc.status, wc.opcode, wc.byte_len),
+        (WcStatus::Success, WcOpcode::RdmaRead, 65_536)
+    );
+    let mut got2 = vec![0u8; 65_536];
+    back.read(0, &mut got2).unwrap();
+    assert_eq!(got2, got);
+
+    // Atomics on an 8-byte word.
+    bmr.write(96_000, &5u64.to_le_bytes()).unwrap();
+    let word = RemoteAddr {
+        addr: bmr.addr() + 96_000,
+        rkey: bmr.rkey(),
+    };
+    a.qp.post_send(SendWr {
+        wr_id: 5,
+        op: SendOp::FetchAdd {
+            remote: word,
+            add: 10,
+        },
+        sg_list: vec![back.sge(0, 8)],
+        flags: signaled(),
+    })
+    .unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    a.qp.post_send(SendWr {
+        wr_id: 6,
+        op: SendOp::CompareSwap {
+            remote: word,
+            compare: 15,
+            swap: 99,
+        },
+        sg_list: vec![back.sge(8, 8)],
+        flags: signaled(),
+    })
+    .unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    let mut w = [0u8; 16];
+    back.read(0, &mut w).unwrap();
+    assert_eq!(u64::from_le_bytes(w[..8].try_into().unwrap()), 5);
+    assert_eq!(u64::from_le_bytes(w[8..].try_into().unwrap()), 15);
+    let mut w = [0u8; 8];
+    bmr.read(96_000, &mut w).unwrap();
+    assert_eq!(u64::from_le_bytes(w), 99);
+
+    let ca = a.ctx.counters();
+    assert_eq!(ca.icrc_errors, 0);
+    assert_eq!(ca.icrc_ip_id_solved, 0, "Monel sends IP ID 0");
+    assert!(ca.tx_packets > 70 && ca.rx_packets > 10, "{ca}");
+}
+
+#[test]
+fn inline_unsignaled_and_many_messages() {
+    let (a, b) = pair(20, 24792, Mtu::Mtu4096);
+    let bmr =
+        b.pd.reg_mr(vec![0u8; 64 * 200], AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    for i in 0..200u64 {
+        b.qp.post_recv(RecvWr {
+            wr_id: i,
+            sg_list: vec![bmr.sge(i as usize * 64, 64)],
+        })
+        .unwrap();
+    }
+    for i in 0..200u64 {
+        let data = [i as u8; 40];
+        // Every 50th is signaled; the rest complete silently.
+        let flags = SendFlags {
+            signaled: i % 50 == 49,
+            ..SendFlags::default()
+        };
+        loop {
+            match a.qp.post_send_inline(i, SendOp::Send, &data, flags) {
+                Ok(()) => break,
+                Err(VerbsError {
+                    kind: ErrorKind::Post(_),
+                    ..
+                }) => std::thread::sleep(std::time::Duration::from_millis(1)),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    let wcs = b.cq.poll_n(200, T);
+    assert_eq!(wcs.len(), 200);
+    for (i, wc) in wcs.iter().enumerate() {
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.byte_len),
+            (i as u64, WcStatus::Success, 40)
+        );
+        let mut m = [0u8; 40];
+        bmr.read(i * 64, &mut m).unwrap();
+        assert_eq!(m, [i as u8; 40]);
+    }
+    let sent = a.cq.poll_n(4, T);
+    assert_eq!(
+        sent.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+        vec![49, 99, 149, 199]
+    );
+    assert!(a.cq.poll(10).is_empty());
+    let too_big =
+        a.qp.post_send_inline(9, SendOp::Send, &[0u8; 1000], signaled())
+            .unwrap_err();
+    assert!(too_big.to_string().contains("max_inline_data"), "{too_big}");
+}
+
+#[test]
+fn remote_access_errors_are_completions_and_touch_nothing() {
+    let (a, b) = pair(30, 24793, Mtu::Mtu1024);
+    let amr =
+        a.pd.reg_mr(vec![1u8; 4096], AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    let ro =
+        b.pd.reg_mr(vec![0u8; 4096], AccessFlags::REMOTE_READ)
+            .unwrap();
+    let remote = RemoteAddr {
+        addr: ro.addr(),
+        rkey: ro.rkey(),
+    };
+    a.qp.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Write(remote),
+        sg_list: vec![amr.sge(0, 100)],
+        flags: signaled(),
+    })
+    .unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::RemAccessErr);
+    let mut z = vec![0u8; 4096];
+    ro.read(0, &mut z).unwrap();
+    assert!(z.iter().all(|&x| x == 0));
+    assert_eq!(a.qp.query().unwrap().0, QpState::Err);
+    assert!(matches!(a.ctx.poll_async_event(), Some(AsyncEvent::QpFatal(q)) if q == a.qp.qp_num()));
+}
+
+#[test]
+fn stale_and_foreign_keys_fail() {
+    let (a, b) = pair(40, 24794, Mtu::Mtu1024);
+    let amr =
+        a.pd.reg_mr(vec![1u8; 4096], AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    let rw = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let gone = b.pd.reg_mr(vec![0u8; 4096], rw).unwrap();
+    let remote = RemoteAddr {
+        addr: gone.addr(),
+        rkey: gone.rkey(),
+    };
+    drop(gone);
+    a.qp.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Write(remote),
+        sg_list: vec![amr.sge(0, 64)],
+        flags: signaled(),
+    })
+    .unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::RemAccessErr);
+
+    // A region of another PD on the same device is invisible to the QP.
+    let (c, d) = pair(42, 24795, Mtu::Mtu1024);
+    let other_pd = d.ctx.alloc_pd();
+    let foreign = other_pd.reg_mr(vec![0u8; 4096], rw).unwrap();
+    let cmr =
+        c.pd.reg_mr(vec![1u8; 64], AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    c.qp.post_send(SendWr {
+        wr_id: 2,
+        op: SendOp::Write(RemoteAddr {
+            addr: foreign.addr(),
+            rkey: foreign.rkey(),
+        }),
+        sg_list: vec![cmr.sge(0, 64)],
+        flags: signaled(),
+    })
+    .unwrap();
+    assert_eq!(one(&c.cq).status, WcStatus::RemAccessErr);
+    assert!(foreign.lock().unwrap().iter().all(|&x| x == 0));
+}
+
+#[test]
+fn keys_are_random_and_distinct() {
+    let (_ctx, pd, _cq) = open("127.0.0.50", 24796);
+    let mrs: Vec<MemoryRegion> = (0..64)
+        .map(|_| pd.reg_mr(vec![0; 8], AccessFlags::LOCAL_WRITE).unwrap())
+        .collect();
+    let mut keys: Vec<u32> = mrs.iter().flat_map(|m| [m.lkey().0, m.rkey().0]).collect();
+    let sequential = keys
+        .windows(2)
+        .filter(|w| w[1].wrapping_sub(w[0]) < 256)
+        .count();
+    assert!(sequential < 4, "keys look sequential: {keys:x?}");
+    keys.sort_unstable();
+    keys.dedup();
+    assert_eq!(keys.len(), 128);
+}
+
+#[test]
+fn control_path_errors_name_verb_and_attribute() {
+    let (ctx, pd, cq) = open("127.0.0.60", 24797);
+    let e = pd
+        .reg_mr(vec![0; 8], AccessFlags::REMOTE_WRITE)
+        .unwrap_err();
+    assert_eq!(e.verb, "ibv_reg_mr");
+    assert!(e.to_string().contains("LOCAL_WRITE"), "{e}");
+    let e = ctx.create_cq(0).unwrap_err();
+    assert_eq!(e.verb, "ibv_create_cq");
+    let init = QpInitAttr {
+        send_cq: &cq,
+        recv_cq: &cq,
+        cap: QpCap {
+            max_send_sge: 1000,
+            ..QpCap::default()
+        },
+        qp_type: QpType::Rc,
+        sq_sig_all: false,
+    };
+    let e = pd.create_qp(&init).unwrap_err();
+    assert!(e.to_string().contains("max_send_sge"), "{e}");
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            cap: QpCap::default(),
+            ..init
+        })
+        .unwrap();
+    // RESET -> RTR is not a transition.
+    let attr = QpAttr {
+        qp_state: QpState::Rtr,
+        ..QpAttr::default()
+    };
+    let e = qp.modify(&attr, AttrMask::STATE).unwrap_err();
+    assert_eq!(e.verb, "ibv_modify_qp");
+    assert!(matches!(e.kind, ErrorKind::Modify(_)));
+    // INIT without the required attributes names them.
+    let attr = QpAttr {
+        qp_state: QpState::Init,
+        ..QpAttr::default()
+    };
+    let e = qp.modify(&attr, AttrMask::STATE).unwrap_err();
+    assert!(e.to_string().to_lowercase().contains("port"), "{e}");
+    // Posting a send in RESET is refused.
+    let e = qp
+        .post_send(SendWr {
+            wr_id: 0,
+            op: SendOp::Send,
+            sg_list: vec![],
+            flags: signaled(),
+        })
+        .unwrap_err();
+    assert!(matches!(e.kind, ErrorKind::Post(_)), "{e}");
+    // A bad GID index at RTR.
+    let remote = RemoteQp {
+        qpn: Qpn::new(0x99),
+        psn: Psn::new(1),
+        gid: Gid::from_ip("127.0.0.61".parse().unwrap()),
+    };
+    let e = qp
+        .connect(
+            &remote,
+            &ConnectParams {
+                sgid_index: 5,
+                ..ConnectParams::default()
+            },
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("sgid_index"), "{e}");
+}
