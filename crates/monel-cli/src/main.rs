@@ -1,6 +1,8 @@
 //! `monel`: the command-line face of Monel. Thin over the libraries.
 
+mod devices;
 mod dump;
+mod pingpong;
 mod sim;
 
 use clap::{Parser, Subcommand};
@@ -19,11 +21,17 @@ enum Cmd {
     Sim(sim::SimArgs),
     /// Decode the RoCEv2 packets of a pcap file and check every ICRC.
     Dump(dump::DumpArgs),
+    /// List soft RoCE devices, ports and GID tables (like ibv_devinfo).
+    Devices(devices::DevicesArgs),
+    /// RC ping-pong, compatible with rdma-core's ibv_rc_pingpong.
+    Pingpong(pingpong::PingpongArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
         Cmd::Sim(a) => sim::run(&a),
         Cmd::Dump(a) => dump::run(&a),
+        Cmd::Devices(a) => devices::run(&a),
+        Cmd::Pingpong(a) => pingpong::run(&a),
     }
 }

@@ -617,6 +617,20 @@ impl QueuePair {
         self.with_slot("ibv_query_qp", |s| Ok((s.qp.state(), s.qp.attr())))
     }
 
+    /// RESET to INIT on port 1, P_Key index 0, with the remote `access` given.
+    pub fn init(&self, access: AccessFlags) -> Result<()> {
+        let attr = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: access,
+            ..QpAttr::default()
+        };
+        self.modify(
+            &attr,
+            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+        )
+    }
+
     /// Brings the QP from RESET to RTS towards `remote` (INIT, RTR and RTS with the
     /// attributes rdma-core's pingpong uses, taken from `p`).
     pub fn connect(&self, remote: &RemoteQp, p: &ConnectParams) -> Result<()> {

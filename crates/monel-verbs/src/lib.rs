@@ -18,6 +18,7 @@ mod engine;
 mod error;
 mod mr;
 mod netio;
+pub mod pingpong;
 
 pub use context::{
     AsyncEvent, ConnectParams, Context, ContextConfig, ProtectionDomain, QpCap, QpInitAttr, QpType,

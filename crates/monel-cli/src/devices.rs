@@ -1,0 +1,45 @@
+//! `monel devices`: like `ibv_devinfo -v`, for Monel's soft devices.
+
+use clap::Args;
+use monel_verbs::{Device, devices};
+
+/// Arguments of `monel devices`.
+#[derive(Debug, Args)]
+pub(crate) struct DevicesArgs {
+    /// Only this device (`monel_eth0` or `eth0`).
+    #[arg(short = 'd', long = "ib-dev")]
+    device: Option<String>,
+}
+
+fn print(d: &Device) {
+    let p = d.port_attr();
+    println!("hca_id:\t{}", d.name);
+    println!("\ttransport:\t\tRoCEv2 over UDP (Monel soft RNIC)");
+    println!("\tnetdev:\t\t\t{}", d.ifname);
+    let g = d.node_guid.to_be_bytes();
+    println!(
+        "\tnode_guid:\t\t{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}",
+        g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
+    );
+    println!("\tphys_port_cnt:\t\t1");
+    println!("\t\tport:\t1");
+    println!("\t\t\tstate:\t\t\t{:?} ({})", p.state, p.state as u32);
+    println!("\t\t\tmax_mtu:\t\t{} ({})", p.max_mtu.bytes(), p.max_mtu as u32);
+    println!("\t\t\tactive_mtu:\t\t{} ({})", p.active_mtu.bytes(), p.active_mtu as u32);
+    println!("\t\t\tlink_layer:\t\tEthernet (IP MTU {})", p.link_mtu);
+    for (i, e) in d.gids.iter().enumerate() {
+        println!("\t\t\tGID[{i:3}]:\t\t{}, RoCE v2 ({})", e.gid, e.gid.to_ip());
+    }
+}
+
+pub(crate) fn run(a: &DevicesArgs) -> anyhow::Result<()> {
+    match &a.device {
+        Some(n) => print(&Device::by_name(n)?),
+        None => {
+            for d in devices()? {
+                print(&d);
+            }
+        }
+    }
+    Ok(())
+}

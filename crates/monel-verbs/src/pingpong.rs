@@ -1,0 +1,377 @@
+//! `ibv_rc_pingpong`, wire- and exchange-compatible with rdma-core's (v44): the 52-byte
+//! `LID:QPN:PSN:GID` messages over TCP (default port 18515), the 5-byte `"done\0"`, the same
+//! QP attributes, and the same traffic pattern (each side sends its next message once its
+//! last SEND completed and the peer's message arrived).
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use crate::context::{ConnectParams, Context, QpCap, QpInitAttr, QpType, RemoteQp, random_psn};
+use crate::device::Gid;
+use crate::error::{ErrorKind, Result, VerbsError};
+use crate::{AccessFlags, Mtu, Psn, Qpn, RecvWr, SendFlags, SendOp, SendWr, WcStatus};
+
+/// rdma-core's default out-of-band port.
+pub const DEFAULT_PORT: u16 = 18515;
+/// Bytes of one exchange message, NUL included.
+pub const MSG_LEN: usize = 52;
+const DONE: &[u8; 5] = b"done\0";
+
+/// What one side tells the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dest {
+    /// LID (0 on RoCE).
+    pub lid: u16,
+    /// QP number.
+    pub qpn: Qpn,
+    /// First PSN.
+    pub psn: Psn,
+    /// GID.
+    pub gid: Gid,
+}
+
+impl Dest {
+    /// The 52-byte message: `"%04x:%06x:%06x:%s\0"`.
+    pub fn encode(&self) -> [u8; MSG_LEN] {
+        let s = format!(
+            "{:04x}:{:06x}:{:06x}:{}",
+            self.lid,
+            self.qpn.value(),
+            self.psn.value(),
+            self.gid.to_wire_hex()
+        );
+        let mut m = [0u8; MSG_LEN];
+        m[..s.len()].copy_from_slice(s.as_bytes());
+        m
+    }
+    /// Parses a message as rdma-core's `sscanf("%x:%x:%x:%s")` would, strictly.
+    pub fn parse(m: &[u8]) -> Result<Self> {
+        let bad = |why: &str| {
+            VerbsError::new(
+                "pingpong exchange",
+                ErrorKind::Peer(format!("{why}: {:?}", String::from_utf8_lossy(m))),
+            )
+        };
+        let text = m.split(|&b| b == 0).next().unwrap_or_default();
+        let text = std::str::from_utf8(text).map_err(|_| bad("not ASCII"))?;
+        let parts: Vec<&str> = text.split(':').collect();
+        if parts.len() != 4 {
+            return Err(bad("expected LID:QPN:PSN:GID"));
+        }
+        let hex = |s: &str, max: u32| {
+            u32::from_str_radix(s, 16)
+                .ok()
+                .filter(|&v| v <= max && !s.is_empty() && s.len() <= 8)
+        };
+        let lid = hex(parts[0], 0xffff).ok_or_else(|| bad("bad LID"))? as u16;
+        let qpn = hex(parts[1], 0xff_ffff).ok_or_else(|| bad("bad QPN"))?;
+        let psn = hex(parts[2], 0xff_ffff).ok_or_else(|| bad("bad PSN"))?;
+        let gid = Gid::from_wire_hex(parts[3]).ok_or_else(|| bad("bad GID"))?;
+        if qpn == 0 || qpn == 1 {
+            return Err(bad("QPN 0 and 1 are reserved"));
+        }
+        Ok(Self {
+            lid,
+            qpn: Qpn::new(qpn),
+            psn: Psn::new(psn),
+            gid,
+        })
+    }
+}
+
+/// Options, named after rc_pingpong's flags.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `-p`: TCP port.
+    pub port: u16,
+    /// `-s`: message size.
+    pub size: usize,
+    /// `-m`: path MTU.
+    pub mtu: Mtu,
+    /// `-r`: receives kept posted.
+    pub rx_depth: u32,
+    /// `-n`: iterations.
+    pub iters: u32,
+    /// `-g`: local GID index.
+    pub gid_index: u8,
+    /// `-c`: check received data.
+    pub validate: bool,
+    /// Give up connecting, or waiting for a completion, after this long.
+    pub timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            port: DEFAULT_PORT,
+            size: 4096,
+            mtu: Mtu::Mtu1024,
+            rx_depth: 500,
+            iters: 1000,
+            gid_index: 0,
+            validate: false,
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Report {
+    /// Bytes moved both ways (size x iters x 2, as rc_pingpong counts).
+    pub bytes: u64,
+    /// Seconds from the first post to the last completion.
+    pub seconds: f64,
+    /// Iterations.
+    pub iters: u32,
+}
+
+impl Report {
+    /// rc_pingpong's two lines.
+    pub fn lines(&self) -> String {
+        format!(
+            "{} bytes in {:.2} seconds = {:.2} Mbit/sec\n{} iters in {:.2} seconds = {:.2} usec/iter",
+            self.bytes,
+            self.seconds,
+            self.bytes as f64 * 8.0 / self.seconds / 1e6,
+            self.iters,
+            self.seconds,
+            self.seconds * 1e6 / f64::from(self.iters)
+        )
+    }
+}
+
+/// Where to meet the peer.
+#[derive(Debug, Clone)]
+pub enum Role {
+    /// Listen on the port (all addresses of the family of `bind`).
+    Server {
+        /// Address to listen on.
+        bind: IpAddr,
+    },
+    /// Connect to this server.
+    Client {
+        /// The server's address.
+        server: IpAddr,
+    },
+}
+
+fn io(e: std::io::Error) -> VerbsError {
+    VerbsError::io("pingpong exchange", e)
+}
+
+fn read_exact_once(s: &mut TcpStream, n: usize) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; n];
+    s.read_exact(&mut buf).map_err(io)?;
+    Ok(buf)
+}
+
+const SEND_ID: u64 = 2;
+const RECV_ID: u64 = 1;
+
+/// Runs one rc_pingpong side on `ctx`.
+pub fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
+    const V: &str = "pingpong";
+    if o.size == 0 || o.iters == 0 || o.rx_depth == 0 {
+        return Err(VerbsError::invalid(V, "size, iters and rx_depth must be positive"));
+    }
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(o.rx_depth as usize + 1)?;
+    // rdma-core fills its buffer with 0x7b; so do we, so either side can check the other.
+    let mr = pd.reg_mr(vec![0x7b; o.size], AccessFlags::LOCAL_WRITE)?;
+    let rx = pd.reg_mr(vec![0; o.size], AccessFlags::LOCAL_WRITE)?;
+    let qp = pd.create_qp(&QpInitAttr {
+        send_cq: &cq,
+        recv_cq: &cq,
+        cap: QpCap {
+            max_send_wr: 1,
+            max_recv_wr: o.rx_depth,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        qp_type: QpType::Rc,
+        sq_sig_all: false,
+    })?;
+    let post_recv = |n: u32| -> Result<u32> {
+        for _ in 0..n {
+            qp.post_recv(RecvWr {
+                wr_id: RECV_ID,
+                sg_list: vec![rx.sge(0, o.size)],
+            })?;
+        }
+        Ok(n)
+    };
+    qp.init(AccessFlags::NONE)?;
+    let mut routs = post_recv(o.rx_depth)?;
+    let gid = ctx.device().gid(o.gid_index)?.gid;
+    let me = Dest {
+        lid: 0,
+        qpn: qp.qp_num(),
+        psn: random_psn(),
+        gid,
+    };
+    let params = |_: &Dest| ConnectParams {
+        sgid_index: o.gid_index,
+        local_psn: me.psn,
+        mtu: o.mtu,
+        access: AccessFlags::NONE,
+        rd_atomic: 1,
+        hop_limit: 1,
+        ..ConnectParams::default()
+    };
+    let connect = |peer: &Dest| {
+        qp.connect(
+            &RemoteQp {
+                qpn: peer.qpn,
+                psn: peer.psn,
+                gid: peer.gid,
+            },
+            &params(peer),
+        )
+    };
+    let is_client = match role {
+        Role::Client { server } => {
+            let addr = SocketAddr::new(*server, o.port);
+            let deadline = Instant::now() + o.timeout;
+            let mut s = loop {
+                match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                    Ok(s) => break s,
+                    Err(e) if Instant::now() >= deadline => {
+                        return Err(VerbsError::new(
+                            V,
+                            ErrorKind::Timeout(format!("connect to {addr}: {e}")),
+                        ));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(200)),
+                }
+            };
+            s.set_read_timeout(Some(o.timeout)).map_err(io)?;
+            s.write_all(&me.encode()).map_err(io)?;
+            let peer = Dest::parse(&read_exact_once(&mut s, MSG_LEN)?)?;
+            s.write_all(DONE).map_err(io)?;
+            connect(&peer)?;
+            true
+        }
+        Role::Server { bind } => {
+            let l = TcpListener::bind(SocketAddr::new(*bind, o.port)).map_err(io)?;
+            let (mut s, _) = l.accept().map_err(io)?;
+            s.set_read_timeout(Some(o.timeout)).map_err(io)?;
+            let peer = Dest::parse(&read_exact_once(&mut s, MSG_LEN)?)?;
+            // Like rdma-core: our QP is ready before the client learns where it is.
+            connect(&peer)?;
+            s.write_all(&me.encode()).map_err(io)?;
+            let done = read_exact_once(&mut s, DONE.len())?;
+            if done != DONE {
+                return Err(VerbsError::new(V, ErrorKind::Peer("expected \"done\"".into())));
+            }
+            false
+        }
+    };
+    let post_send = || {
+        qp.post_send(SendWr {
+            wr_id: SEND_ID,
+            op: SendOp::Send,
+            sg_list: vec![mr.sge(0, o.size)],
+            flags: SendFlags {
+                signaled: true,
+                ..SendFlags::default()
+            },
+        })
+    };
+    let start = Instant::now();
+    let mut pending = RECV_ID;
+    if is_client {
+        post_send()?;
+        pending |= SEND_ID;
+    }
+    let (mut scnt, mut rcnt) = (0u32, 0u32);
+    while scnt < o.iters || rcnt < o.iters {
+        if !cq.wait(o.timeout) {
+            return Err(VerbsError::new(
+                V,
+                ErrorKind::Timeout(format!("no completion after {scnt} sends, {rcnt} receives")),
+            ));
+        }
+        for wc in cq.poll(16) {
+            if wc.status != WcStatus::Success {
+                return Err(VerbsError::invalid(
+                    V,
+                    format!("failed status {:?} ({}) for wr_id {}", wc.status, wc.status as u32, wc.wr_id),
+                ));
+            }
+            match wc.wr_id {
+                SEND_ID => scnt += 1,
+                RECV_ID => {
+                    if o.validate {
+                        // Check, then clear: the next message must rewrite every byte.
+                        let ok = wc.byte_len as usize == o.size
+                            && rx.with(|b| {
+                                let ok = b.iter().all(|&x| x == 0x7b);
+                                b.fill(0);
+                                ok
+                            });
+                        if !ok {
+                            return Err(VerbsError::invalid(
+                                V,
+                                format!("message {rcnt}: {} bytes, not {} bytes of 0x7b", wc.byte_len, o.size),
+                            ));
+                        }
+                    }
+                    routs -= 1;
+                    if routs <= 1 {
+                        routs += post_recv(o.rx_depth - routs)?;
+                    }
+                    rcnt += 1;
+                }
+                other => return Err(VerbsError::invalid(V, format!("completion for unknown wr_id {other}"))),
+            }
+            pending &= !wc.wr_id;
+            if scnt < o.iters && pending == 0 {
+                post_send()?;
+                pending = RECV_ID | SEND_ID;
+            }
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(Report {
+        bytes: o.size as u64 * u64::from(o.iters) * 2,
+        seconds,
+        iters: o.iters,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_matches_rdma_core_format() {
+        let d = Dest {
+            lid: 0,
+            qpn: Qpn::new(0x11),
+            psn: Psn::new(0x6a48fb),
+            gid: Gid::from_ip("10.77.0.3".parse().unwrap()),
+        };
+        let m = d.encode();
+        assert_eq!(&m[..51], b"0000:000011:6a48fb:00000000000000000000ffff0a4d0003");
+        assert_eq!(m[51], 0);
+        assert_eq!(Dest::parse(&m).unwrap(), d);
+    }
+
+    #[test]
+    fn garbage_is_a_typed_error() {
+        for bad in [
+            &b"hello"[..],
+            b"0000:000000:000001:00000000000000000000ffff0a4d0003\0",
+            b"0000:1000000:000001:00000000000000000000ffff0a4d0003",
+            b"0000:000011:000001:zz000000000000000000ffff0a4d0003",
+            b"0000:000011:000001",
+            &[0xff; 52],
+        ] {
+            let e = Dest::parse(bad).unwrap_err();
+            assert!(matches!(e.kind, ErrorKind::Peer(_)), "{e}");
+        }
+    }
+}
