@@ -24,11 +24,23 @@ fn print(d: &Device) {
     println!("\tphys_port_cnt:\t\t1");
     println!("\t\tport:\t1");
     println!("\t\t\tstate:\t\t\t{:?} ({})", p.state, p.state as u32);
-    println!("\t\t\tmax_mtu:\t\t{} ({})", p.max_mtu.bytes(), p.max_mtu as u32);
-    println!("\t\t\tactive_mtu:\t\t{} ({})", p.active_mtu.bytes(), p.active_mtu as u32);
+    println!(
+        "\t\t\tmax_mtu:\t\t{} ({})",
+        p.max_mtu.bytes(),
+        p.max_mtu as u32
+    );
+    println!(
+        "\t\t\tactive_mtu:\t\t{} ({})",
+        p.active_mtu.bytes(),
+        p.active_mtu as u32
+    );
     println!("\t\t\tlink_layer:\t\tEthernet (IP MTU {})", p.link_mtu);
     for (i, e) in d.gids.iter().enumerate() {
-        println!("\t\t\tGID[{i:3}]:\t\t{}, RoCE v2 ({})", e.gid, e.gid.to_ip());
+        println!(
+            "\t\t\tGID[{i:3}]:\t\t{}, RoCE v2 ({})",
+            e.gid,
+            e.gid.to_ip()
+        );
     }
 }
 

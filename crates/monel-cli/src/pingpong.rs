@@ -66,13 +66,18 @@ fn pick_device(name: Option<&str>) -> anyhow::Result<Device> {
 
 pub(crate) fn run(a: &PingpongArgs) -> anyhow::Result<()> {
     if a.ib_port != 1 {
-        bail!("ib port {} does not exist (soft devices have port 1)", a.ib_port);
+        bail!(
+            "ib port {} does not exist (soft devices have port 1)",
+            a.ib_port
+        );
     }
     let mtu = Mtu::from_bytes(a.mtu).with_context(|| format!("-m {}: not an IB MTU", a.mtu))?;
     let dev = pick_device(a.device.as_deref())?;
     let gid_index = match a.gid_index {
         Some(g) => g,
-        None => dev.ipv4_gid_index().context("device has no IPv4 GID; give -g")?,
+        None => dev
+            .ipv4_gid_index()
+            .context("device has no IPv4 GID; give -g")?,
     };
     let local_ip = dev.gid(gid_index)?.gid.to_ip();
     let cfg = ContextConfig {

@@ -536,6 +536,10 @@ impl QueuePair {
     pub fn qp_num(&self) -> Qpn {
         Qpn::new(self.qpn)
     }
+    /// The device it lives on.
+    pub fn device(&self) -> &Device {
+        &self.shared.device
+    }
     /// The sizes it was created with.
     pub fn cap(&self) -> QpCap {
         self.cap

@@ -10,6 +10,7 @@
 //! [`Context`] runs a progress thread (the "NIC") that moves packets between its UDP sockets
 //! and the sans-IO RC engine of `monel-rc`.
 
+pub mod cm;
 mod context;
 mod counters;
 mod cq;

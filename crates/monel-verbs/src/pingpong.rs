@@ -174,7 +174,10 @@ const RECV_ID: u64 = 1;
 pub fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
     const V: &str = "pingpong";
     if o.size == 0 || o.iters == 0 || o.rx_depth == 0 {
-        return Err(VerbsError::invalid(V, "size, iters and rx_depth must be positive"));
+        return Err(VerbsError::invalid(
+            V,
+            "size, iters and rx_depth must be positive",
+        ));
     }
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(o.rx_depth as usize + 1)?;
@@ -264,7 +267,10 @@ pub fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
             s.write_all(&me.encode()).map_err(io)?;
             let done = read_exact_once(&mut s, DONE.len())?;
             if done != DONE {
-                return Err(VerbsError::new(V, ErrorKind::Peer("expected \"done\"".into())));
+                return Err(VerbsError::new(
+                    V,
+                    ErrorKind::Peer("expected \"done\"".into()),
+                ));
             }
             false
         }
@@ -298,7 +304,10 @@ pub fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
             if wc.status != WcStatus::Success {
                 return Err(VerbsError::invalid(
                     V,
-                    format!("failed status {:?} ({}) for wr_id {}", wc.status, wc.status as u32, wc.wr_id),
+                    format!(
+                        "failed status {:?} ({}) for wr_id {}",
+                        wc.status, wc.status as u32, wc.wr_id
+                    ),
                 ));
             }
             match wc.wr_id {
@@ -315,7 +324,10 @@ pub fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
                         if !ok {
                             return Err(VerbsError::invalid(
                                 V,
-                                format!("message {rcnt}: {} bytes, not {} bytes of 0x7b", wc.byte_len, o.size),
+                                format!(
+                                    "message {rcnt}: {} bytes, not {} bytes of 0x7b",
+                                    wc.byte_len, o.size
+                                ),
                             ));
                         }
                     }
@@ -325,7 +337,12 @@ pub fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
                     }
                     rcnt += 1;
                 }
-                other => return Err(VerbsError::invalid(V, format!("completion for unknown wr_id {other}"))),
+                other => {
+                    return Err(VerbsError::invalid(
+                        V,
+                        format!("completion for unknown wr_id {other}"),
+                    ));
+                }
             }
             pending &= !wc.wr_id;
             if scnt < o.iters && pending == 0 {
@@ -355,7 +372,10 @@ mod tests {
             gid: Gid::from_ip("10.77.0.3".parse().unwrap()),
         };
         let m = d.encode();
-        assert_eq!(&m[..51], b"0000:000011:6a48fb:00000000000000000000ffff0a4d0003");
+        assert_eq!(
+            &m[..51],
+            b"0000:000011:6a48fb:00000000000000000000ffff0a4d0003"
+        );
         assert_eq!(m[51], 0);
         assert_eq!(Dest::parse(&m).unwrap(), d);
     }

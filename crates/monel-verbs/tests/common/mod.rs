@@ -7,6 +7,7 @@ use monel_verbs::*;
 
 pub const T: Duration = Duration::from_secs(10);
 
+#[derive(Debug)]
 pub struct Side {
     pub ctx: Context,
     pub pd: ProtectionDomain,

@@ -1,0 +1,139 @@
+//! The connection manager: exchange, RTS on both sides, shared-secret authentication, and
+//! garbage from the peer.
+
+mod common;
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+use std::thread;
+use std::time::Duration;
+
+use common::*;
+use monel_verbs::cm::{self, BufferInfo, CmConfig, Listener};
+use monel_verbs::*;
+
+fn cfg(secret: Option<&str>) -> CmConfig {
+    CmConfig {
+        secret: secret.map(|s| s.as_bytes().to_vec()),
+        timeout: Duration::from_secs(5),
+        ..CmConfig::default()
+    }
+}
+
+/// Runs a server with `server_secret` and a client with `client_secret`; returns both results.
+fn meet(
+    x: u8,
+    port: u16,
+    server_secret: Option<&'static str>,
+    client_secret: Option<&'static str>,
+) -> (
+    Result<(cm::Connection, Side)>,
+    Result<(cm::Connection, Side)>,
+) {
+    let l = Listener::bind(format!("127.0.0.{x}:0").parse().unwrap()).unwrap();
+    let addr: SocketAddr = l.local_addr().unwrap();
+    let srv = thread::spawn(move || {
+        let s = side(&format!("127.0.0.{x}"), port);
+        let mr =
+            s.pd.reg_mr(
+                vec![7u8; 4096],
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+            )
+            .unwrap();
+        let buf = BufferInfo {
+            addr: mr.addr(),
+            rkey: mr.rkey(),
+            len: 4096,
+        };
+        let r = l.accept(&s.qp, Some(buf), &cfg(server_secret));
+        std::mem::forget(mr);
+        r.map(|c| (c, s))
+    });
+    let c = side(&format!("127.0.0.{}", x + 1), port);
+    let r = cm::connect(addr, &c.qp, None, &cfg(client_secret)).map(|conn| (conn, c));
+    (srv.join().unwrap(), r)
+}
+
+#[test]
+fn exchange_brings_both_to_rts_and_read_works() {
+    let (s, c) = meet(70, 24801, Some("k3y"), Some("k3y"));
+    let (mut sc, s) = s.unwrap();
+    let (mut cc, c) = c.unwrap();
+    assert_eq!(s.qp.query().unwrap().0, QpState::Rts);
+    assert_eq!(c.qp.query().unwrap().0, QpState::Rts);
+    assert_eq!(cc.remote.qpn, s.qp.qp_num());
+    assert_eq!(sc.remote.qpn, c.qp.qp_num());
+    assert_eq!(cc.mtu, Mtu::Mtu4096);
+    assert!(sc.remote_buf.is_none());
+    let b = cc.remote_buf.expect("server offered a buffer");
+    let dst =
+        c.pd.reg_mr(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    c.qp.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Read(RemoteAddr {
+            addr: b.addr,
+            rkey: b.rkey,
+        }),
+        sg_list: vec![dst.sge(0, 4096)],
+        flags: signaled(),
+    })
+    .unwrap();
+    assert_eq!(one(&c.cq).status, WcStatus::Success);
+    assert!(dst.lock().unwrap().iter().all(|&x| x == 7));
+    let t = thread::spawn(move || sc.barrier().map(|()| sc));
+    cc.barrier().unwrap();
+    t.join().unwrap().unwrap();
+}
+
+#[test]
+fn wrong_secret_is_refused_on_both_sides() {
+    let (s, c) = meet(72, 24802, Some("right"), Some("wrong"));
+    let se = s.unwrap_err();
+    let ce = c.unwrap_err();
+    assert!(
+        se.to_string()
+            .contains("client could not prove the shared secret"),
+        "{se}"
+    );
+    assert!(ce.to_string().contains("authentication failed"), "{ce}");
+}
+
+#[test]
+fn missing_secret_is_refused() {
+    let (s, c) = meet(74, 24803, Some("right"), None);
+    assert!(
+        c.unwrap_err()
+            .to_string()
+            .contains("requires a shared secret")
+    );
+    assert!(s.is_err());
+    // A client that insists on a secret refuses a server that cannot prove one.
+    let (s, c) = meet(76, 24804, None, Some("right"));
+    let ce = c.unwrap_err();
+    assert!(ce.to_string().contains("server could not prove"), "{ce}");
+    let _ = s;
+}
+
+#[test]
+fn garbage_peer_gets_a_typed_error_not_a_hang() {
+    let s = side("127.0.0.78", 24805);
+    let l = Listener::bind("127.0.0.78:0".parse().unwrap()).unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = thread::spawn(move || {
+        let mut g = TcpStream::connect(addr).unwrap();
+        let _ = g.write_all(b"\x00\x30GET / HTTP/1.1\r\nHost: x\r\n\r\n0123456789abcdefghijk");
+        thread::sleep(Duration::from_millis(200));
+    });
+    let e = l.accept(&s.qp, None, &cfg(None)).unwrap_err();
+    assert!(matches!(e.kind, ErrorKind::Peer(_)), "{e}");
+    t.join().unwrap();
+    // A peer that says nothing: the accept times out.
+    let t = thread::spawn(move || {
+        let _g = TcpStream::connect(addr).unwrap();
+        thread::sleep(Duration::from_secs(7));
+    });
+    let e = l.accept(&s.qp, None, &cfg(None)).unwrap_err();
+    assert!(matches!(e.kind, ErrorKind::Timeout(_)), "{e}");
+    t.join().unwrap();
+}
