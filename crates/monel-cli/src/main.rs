@@ -2,6 +2,7 @@
 
 mod devices;
 mod dump;
+mod perf;
 mod pingpong;
 mod sim;
 
@@ -25,6 +26,9 @@ enum Cmd {
     Devices(devices::DevicesArgs),
     /// RC ping-pong, compatible with rdma-core's ibv_rc_pingpong.
     Pingpong(pingpong::PingpongArgs),
+    /// perftest-style tests (write-bw, send-bw, read-bw, write-lat, send-lat, read-lat,
+    /// atomic-lat) and raw-UDP baselines (udp-bw, udp-lat).
+    Perf(perf::PerfArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -33,5 +37,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Dump(a) => dump::run(&a),
         Cmd::Devices(a) => devices::run(&a),
         Cmd::Pingpong(a) => pingpong::run(&a),
+        Cmd::Perf(a) => perf::run(&a),
     }
 }

@@ -72,3 +72,153 @@ fn sim_prints_the_loss_table() {
     assert_ne!(code, 0);
     assert!(out.contains("loss rates are percentages"), "{out}");
 }
+
+/// Starts `monel ARGS` in the background (a server), returning the child.
+fn spawn(args: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_monel"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn finish(c: std::process::Child) -> (i32, String) {
+    let out = c.wait_with_output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn pingpong_between_two_processes_checks_data() {
+    let srv = spawn(&[
+        "pingpong",
+        "-d",
+        "127.0.1.2",
+        "-p",
+        "18811",
+        "--udp-port",
+        "24811",
+        "-n",
+        "300",
+        "-s",
+        "10000",
+        "-c",
+        "--counters",
+    ]);
+    let (code, out) = monel(&[
+        "pingpong",
+        "-d",
+        "127.0.1.3",
+        "-p",
+        "18811",
+        "--udp-port",
+        "24811",
+        "-n",
+        "300",
+        "-s",
+        "10000",
+        "-c",
+        "127.0.1.2",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("6000000 bytes in"), "{out}");
+    assert!(out.contains("300 iters in"), "{out}");
+    let (code, sout) = finish(srv);
+    assert_eq!(code, 0, "{sout}");
+    assert!(sout.contains("icrc_errors              0"), "{sout}");
+}
+
+#[test]
+fn perf_tools_run_between_two_processes() {
+    for (i, test) in [
+        "write-bw",
+        "send-bw",
+        "read-bw",
+        "write-lat",
+        "send-lat",
+        "read-lat",
+        "atomic-lat",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let port = (18820 + i).to_string();
+        let srv = spawn(&[
+            "perf",
+            test,
+            "-d",
+            "127.0.1.4",
+            "-p",
+            &port,
+            "--udp-port",
+            "24812",
+            "-n",
+            "200",
+            "-s",
+            "8192",
+        ]);
+        let (code, out) = monel(&[
+            "perf",
+            test,
+            "-d",
+            "127.0.1.5",
+            "-p",
+            &port,
+            "--udp-port",
+            "24812",
+            "-n",
+            "200",
+            "-s",
+            "8192",
+            "127.0.1.4",
+        ]);
+        assert_eq!(code, 0, "{test}: {out}");
+        let row = out.lines().last().unwrap_or_default().to_string();
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cols.first(), Some(&"8192"), "{test}: {out}");
+        assert!(
+            cols.get(1)
+                .is_some_and(|n| n.parse::<u64>().unwrap() >= 200),
+            "{test}: {out}"
+        );
+        let (code, sout) = finish(srv);
+        assert_eq!(code, 0, "{test} server: {sout}");
+    }
+}
+
+#[test]
+fn perf_refuses_a_peer_without_the_secret() {
+    let srv = spawn(&[
+        "perf",
+        "write-bw",
+        "-d",
+        "127.0.1.6",
+        "-p",
+        "18830",
+        "--udp-port",
+        "24813",
+        "--secret",
+        "s3cret",
+        "-n",
+        "10",
+    ]);
+    let (code, out) = monel(&[
+        "perf",
+        "write-bw",
+        "-d",
+        "127.0.1.7",
+        "-p",
+        "18830",
+        "--udp-port",
+        "24813",
+        "-n",
+        "10",
+        "127.0.1.6",
+    ]);
+    assert_ne!(code, 0);
+    assert!(out.contains("requires a shared secret"), "{out}");
+    let (code, sout) = finish(srv);
+    assert_ne!(code, 0, "{sout}");
+}

@@ -19,6 +19,7 @@ mod engine;
 mod error;
 mod mr;
 mod netio;
+pub mod perf;
 pub mod pingpong;
 
 pub use context::{

@@ -20,16 +20,15 @@ fn cfg(secret: Option<&str>) -> CmConfig {
     }
 }
 
+type Met = Result<(cm::Connection, Side)>;
+
 /// Runs a server with `server_secret` and a client with `client_secret`; returns both results.
 fn meet(
     x: u8,
     port: u16,
     server_secret: Option<&'static str>,
     client_secret: Option<&'static str>,
-) -> (
-    Result<(cm::Connection, Side)>,
-    Result<(cm::Connection, Side)>,
-) {
+) -> (Met, Met) {
     let l = Listener::bind(format!("127.0.0.{x}:0").parse().unwrap()).unwrap();
     let addr: SocketAddr = l.local_addr().unwrap();
     let srv = thread::spawn(move || {

@@ -1,0 +1,317 @@
+//! `monel perf TEST [SERVER]`: perftest-style bandwidth and latency tests, plus the raw-UDP
+//! baselines they are compared with (`udp-bw`, `udp-lat`).
+
+use std::io::IoSlice;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use monel_verbs::cm::{self, BufferInfo, CmConfig, Listener};
+use monel_verbs::perf::{self, BwReport, Endpoint, LatReport, PerfOptions, Test};
+use monel_verbs::{Context, ContextConfig, Device, Mtu, QpCap, QpInitAttr, QpType};
+use nix::sys::socket::{MsgFlags, MultiHeaders, SockaddrStorage, sendmmsg};
+
+/// Arguments of `monel perf`.
+#[derive(Debug, Args)]
+pub(crate) struct PerfArgs {
+    /// write-bw | send-bw | read-bw | write-lat | send-lat | read-lat | atomic-lat | udp-bw | udp-lat
+    test: String,
+    /// Server to connect to; without it, act as the server.
+    server: Option<String>,
+    /// Device: an IP address to bind, or an interface (`eth0`).
+    #[arg(short = 'd', long = "ib-dev", default_value = "127.0.0.1")]
+    device: String,
+    /// TCP port of the connection setup (UDP port for udp-*).
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    port: u16,
+    /// Message size.
+    #[arg(short = 's', long)]
+    size: Option<usize>,
+    /// All sizes from 2 bytes to 2^23 (stops at --size if given).
+    #[arg(short = 'a', long)]
+    all: bool,
+    /// Iterations.
+    #[arg(short = 'n', long)]
+    iters: Option<u32>,
+    /// Run for this many seconds instead.
+    #[arg(short = 'D', long)]
+    duration: Option<u64>,
+    /// Send queue depth.
+    #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
+    tx_depth: u32,
+    /// Path MTU.
+    #[arg(short = 'm', long, default_value_t = 4096)]
+    mtu: u32,
+    /// Busy-poll (progress thread and completion polling spin).
+    #[arg(long)]
+    busy: bool,
+    /// Shared secret for the connection setup.
+    #[arg(long)]
+    secret: Option<String>,
+    /// UDP port of the RNIC.
+    #[arg(long = "udp-port", default_value_t = 4791)]
+    udp_port: u16,
+    /// Datagrams per sendmmsg batch (udp-bw).
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+}
+
+fn device(s: &str) -> anyhow::Result<Device> {
+    Ok(match s.parse::<IpAddr>() {
+        Ok(ip) => Device::bind(ip)?,
+        Err(_) => Device::by_name(s)?,
+    })
+}
+
+fn cpu_seconds() -> f64 {
+    let u = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF);
+    u.map(|u| {
+        let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+        t(u.user_time()) + t(u.system_time())
+    })
+    .unwrap_or(0.0)
+}
+
+fn sizes(a: &PerfArgs, default: usize) -> Vec<usize> {
+    if a.all {
+        let max = a.size.unwrap_or(1 << 23);
+        (1..=23)
+            .map(|k| 1usize << k)
+            .filter(|&s| s <= max)
+            .collect()
+    } else {
+        vec![a.size.unwrap_or(default)]
+    }
+}
+
+pub(crate) fn run(a: &PerfArgs) -> anyhow::Result<()> {
+    if a.test == "udp-bw" || a.test == "udp-lat" {
+        return udp(a);
+    }
+    let test = Test::parse(&a.test).with_context(|| format!("unknown test {}", a.test))?;
+    let dev = device(&a.device)?;
+    let mtu = Mtu::from_bytes(a.mtu).with_context(|| format!("-m {}: not an IB MTU", a.mtu))?;
+    let ctx = Context::open(
+        &dev,
+        ContextConfig {
+            udp_port: a.udp_port,
+            busy_poll: a.busy,
+            ..ContextConfig::default()
+        },
+    )?;
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(8192)?;
+    let cfg = CmConfig {
+        secret: a.secret.as_ref().map(|s| s.as_bytes().to_vec()),
+        mtu,
+        timeout: Duration::from_secs(60),
+        ..CmConfig::default()
+    };
+    let default_size = if test.is_bw() { 65536 } else { 2 };
+    let all = sizes(a, default_size);
+    let maxsize = *all.iter().max().unwrap_or(&default_size);
+    let mr = perf::buffer(&pd, maxsize)?;
+    let bi = BufferInfo {
+        addr: mr.addr(),
+        rkey: mr.rkey(),
+        len: mr.len() as u64,
+    };
+    let qp = pd.create_qp(&QpInitAttr {
+        send_cq: &cq,
+        recv_cq: &cq,
+        cap: QpCap {
+            max_send_wr: a.tx_depth.max(1),
+            max_recv_wr: 512,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        qp_type: QpType::Rc,
+        sq_sig_all: false,
+    })?;
+    let is_client = a.server.is_some();
+    let mut conn = match &a.server {
+        Some(s) => {
+            let ip: IpAddr = s
+                .parse()
+                .with_context(|| format!("server {s}: not an IP address"))?;
+            cm::connect(SocketAddr::new(ip, a.port), &qp, Some(bi), &cfg)?
+        }
+        None => {
+            let any: IpAddr = if dev.gid(0)?.gid.to_ip().is_ipv4() {
+                "0.0.0.0"
+            } else {
+                "::"
+            }
+            .parse()?;
+            Listener::bind(SocketAddr::new(any, a.port))?.accept(&qp, Some(bi), &cfg)?
+        }
+    };
+    let e = Endpoint {
+        qp: &qp,
+        cq: &cq,
+        mr: &mr,
+        remote: conn.remote_buf.context("peer offered no buffer")?,
+    };
+    println!(
+        "# monel perf {} ({}; MTU {}; {})",
+        a.test,
+        if is_client { "client" } else { "server" },
+        conn.mtu.bytes(),
+        dev.name
+    );
+    println!(
+        "{}",
+        if test.is_bw() {
+            BwReport::HEADER
+        } else {
+            LatReport::HEADER
+        }
+    );
+    for size in all {
+        let o = PerfOptions {
+            size,
+            iters: a.iters.unwrap_or(if test.is_bw() { 5000 } else { 1000 }),
+            duration: a.duration.map(Duration::from_secs),
+            tx_depth: a.tx_depth.max(1),
+            ..PerfOptions::default()
+        };
+        conn.barrier()?;
+        let cpu0 = cpu_seconds();
+        if test.is_bw() {
+            if is_client {
+                let r = perf::bw_client(&e, test, &o)?;
+                perf::bw_client_finish(test, &r, &mut conn)?;
+                let gb = r.size as f64 * r.iters as f64 / 1e9;
+                println!(
+                    "{}   [{:.2} Gb/s, {:.2} CPU s/GB]",
+                    r.row(),
+                    r.gbps(),
+                    (cpu_seconds() - cpu0) / gb
+                );
+            } else {
+                perf::bw_server(&e, test, &o, &mut conn)?;
+            }
+        } else {
+            let r = perf::lat(&e, test, &o, is_client, a.busy)?;
+            conn.barrier()?;
+            if is_client {
+                println!("{}", r.row());
+            }
+        }
+    }
+    if !is_client {
+        println!("# server done; counters:\n{}", ctx.counters());
+    }
+    Ok(())
+}
+
+/// Raw UDP baselines: `udp-bw` sends datagrams of RoCE-packet size in sendmmsg batches;
+/// `udp-lat` ping-pongs datagrams of the message size.
+fn udp(a: &PerfArgs) -> anyhow::Result<()> {
+    let bind: IpAddr = a
+        .device
+        .parse()
+        .context("udp-*: -d must be an IP address")?;
+    let sock = UdpSocket::bind(SocketAddr::new(bind, a.port))?;
+    let _ = nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::RcvBuf, &(4 << 20));
+    let _ = nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::SndBuf, &(4 << 20));
+    let bw = a.test == "udp-bw";
+    let size = a.size.unwrap_or(if bw { 65536 } else { 8 });
+    // A RoCE packet of a full MTU: BTH + payload + ICRC.
+    let dgram = if bw {
+        (a.mtu as usize + 16).min(size + 16)
+    } else {
+        size
+    };
+    let mut buf = vec![0x5au8; dgram.max(8)];
+    match &a.server {
+        None => {
+            // Receiver / echo server: runs until the client's zero-length "end" datagram.
+            sock.set_read_timeout(Some(Duration::from_secs(60)))?;
+            let (mut bytes, mut t0) = (0u64, None);
+            loop {
+                let (n, from) = sock.recv_from(&mut buf)?;
+                if n == 0 {
+                    if let Some(t) = t0 {
+                        let s = Instant::now().duration_since(t).as_secs_f64();
+                        println!(
+                            "udp-bw receiver: {:.2} Gb/s payload",
+                            bytes as f64 * 8.0 / s / 1e9
+                        );
+                        sock.send_to(&bytes.to_be_bytes(), from)?;
+                    }
+                    return Ok(());
+                }
+                t0.get_or_insert_with(Instant::now);
+                if bw {
+                    bytes += n as u64;
+                } else {
+                    sock.send_to(&buf[..n], from)?;
+                }
+            }
+        }
+        Some(s) => {
+            let to = SocketAddr::new(s.parse()?, a.port);
+            let start = Instant::now();
+            if bw {
+                let total = size as u64 * u64::from(a.iters.unwrap_or(5000));
+                let per = dgram as u64;
+                let mut sent = 0u64;
+                let mut hdrs = MultiHeaders::<SockaddrStorage>::preallocate(a.batch, None);
+                let addr = SockaddrStorage::from(to);
+                while sent < total {
+                    let k = ((total - sent).div_ceil(per) as usize).min(a.batch);
+                    let slices: Vec<[IoSlice<'_>; 1]> =
+                        (0..k).map(|_| [IoSlice::new(&buf)]).collect();
+                    let addrs = vec![Some(addr); k];
+                    match sendmmsg(
+                        sock.as_raw_fd(),
+                        &mut hdrs,
+                        &slices,
+                        &addrs,
+                        [],
+                        MsgFlags::empty(),
+                    ) {
+                        Ok(r) => sent += r.count() as u64 * per,
+                        Err(nix::errno::Errno::ENOBUFS | nix::errno::Errno::EAGAIN) => {}
+                        Err(e) => bail!("sendmmsg: {e}"),
+                    }
+                }
+                let secs = start.elapsed().as_secs_f64();
+                sock.set_read_timeout(Some(Duration::from_secs(5)))?;
+                std::thread::sleep(Duration::from_millis(100));
+                sock.send_to(&[], to)?;
+                let mut r = [0u8; 8];
+                let n = sock.recv(&mut r)?;
+                let got = if n == 8 { u64::from_be_bytes(r) } else { 0 };
+                println!(
+                    "udp-bw: {} B datagrams x{} per sendmmsg: sent {:.2} Gb/s, delivered {:.2} Gb/s ({:.1}% of bytes)",
+                    dgram,
+                    a.batch,
+                    sent as f64 * 8.0 / secs / 1e9,
+                    got as f64 * 8.0 / secs / 1e9,
+                    100.0 * got as f64 / sent as f64
+                );
+            } else {
+                sock.set_read_timeout(Some(Duration::from_secs(5)))?;
+                let n = a.iters.unwrap_or(1000) as usize;
+                let mut samples = Vec::with_capacity(n);
+                let mut r = vec![0u8; buf.len()];
+                for _ in 0..n {
+                    let t = Instant::now();
+                    sock.send_to(&buf, to)?;
+                    sock.recv(&mut r)?;
+                    samples.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+                }
+                sock.send_to(&[], to)?;
+                samples.sort_by(f64::total_cmp);
+                println!("{}", LatReport::HEADER);
+                println!("{}", LatReport { size, samples }.row());
+            }
+            Ok(())
+        }
+    }
+}

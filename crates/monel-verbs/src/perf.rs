@@ -1,0 +1,493 @@
+//! perftest-style measurements (`ib_write_bw`, `ib_send_lat`, ...) over Monel verbs, with
+//! perftest's report conventions: MB/s means 2^20 bytes per second; latency is one-way for
+//! SEND/WRITE ping-pong (round trip / 2) and the full round trip for READ and atomics;
+//! t_typical is the median.
+
+use std::time::{Duration, Instant};
+
+use crate::cm::{BufferInfo, Connection};
+use crate::context::{ProtectionDomain, QueuePair};
+use crate::cq::CompletionQueue;
+use crate::error::{ErrorKind, Result, VerbsError};
+use crate::mr::MemoryRegion;
+use crate::{AccessFlags, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus};
+
+/// The test to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Test {
+    /// RDMA WRITE bandwidth.
+    WriteBw,
+    /// SEND bandwidth.
+    SendBw,
+    /// RDMA READ bandwidth.
+    ReadBw,
+    /// RDMA WRITE ping-pong latency.
+    WriteLat,
+    /// SEND ping-pong latency.
+    SendLat,
+    /// RDMA READ latency.
+    ReadLat,
+    /// FETCH_ADD latency.
+    AtomicLat,
+}
+
+impl Test {
+    /// Parses `write-bw`, `send-lat`, ...
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "write-bw" => Self::WriteBw,
+            "send-bw" => Self::SendBw,
+            "read-bw" => Self::ReadBw,
+            "write-lat" => Self::WriteLat,
+            "send-lat" => Self::SendLat,
+            "read-lat" => Self::ReadLat,
+            "atomic-lat" => Self::AtomicLat,
+            _ => return None,
+        })
+    }
+    /// True for the bandwidth tests.
+    pub fn is_bw(self) -> bool {
+        matches!(self, Self::WriteBw | Self::SendBw | Self::ReadBw)
+    }
+}
+
+/// Options (perftest's flags).
+#[derive(Debug, Clone, Copy)]
+pub struct PerfOptions {
+    /// `-s`: message size.
+    pub size: usize,
+    /// `-n`: iterations.
+    pub iters: u32,
+    /// `-D`: run for this long instead of `iters`.
+    pub duration: Option<Duration>,
+    /// `-t`: send queue depth (bandwidth tests).
+    pub tx_depth: u32,
+    /// Signal every this many sends (perftest `--cq-mod`, default 100).
+    pub cq_mod: u32,
+}
+
+impl Default for PerfOptions {
+    fn default() -> Self {
+        Self {
+            size: 65536,
+            iters: 1000,
+            duration: None,
+            tx_depth: 128,
+            cq_mod: 100,
+        }
+    }
+}
+
+/// A bandwidth result.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BwReport {
+    /// Message size.
+    pub size: usize,
+    /// Messages completed.
+    pub iters: u64,
+    /// Seconds.
+    pub seconds: f64,
+    /// Best rate over any tenth of the run, in MB/s (2^20 B/s).
+    pub peak_mbs: f64,
+}
+
+impl BwReport {
+    /// Average MB/s (2^20 B/s).
+    pub fn avg_mbs(&self) -> f64 {
+        self.size as f64 * self.iters as f64 / self.seconds / f64::from(1 << 20)
+    }
+    /// Gb/s (10^9 bit/s).
+    pub fn gbps(&self) -> f64 {
+        self.size as f64 * self.iters as f64 * 8.0 / self.seconds / 1e9
+    }
+    /// perftest's header.
+    pub const HEADER: &str =
+        " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]";
+    /// One row.
+    pub fn row(&self) -> String {
+        format!(
+            " {:<10} {:<10}     {:<18.2} {:<20.2} {:.6}",
+            self.size,
+            self.iters,
+            self.peak_mbs,
+            self.avg_mbs(),
+            self.iters as f64 / self.seconds / 1e6
+        )
+    }
+}
+
+/// A latency result (microseconds).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatReport {
+    /// Message size.
+    pub size: usize,
+    /// Sorted samples, in microseconds.
+    pub samples: Vec<f64>,
+}
+
+impl LatReport {
+    fn pct(&self, p: f64) -> f64 {
+        let n = self.samples.len();
+        if n == 0 {
+            return f64::NAN;
+        }
+        self.samples[((n as f64 * p).ceil() as usize).clamp(1, n) - 1]
+    }
+    /// Median.
+    pub fn typical(&self) -> f64 {
+        self.samples
+            .get(self.samples.len() / 2)
+            .copied()
+            .unwrap_or(f64::NAN)
+    }
+    /// perftest's header.
+    pub const HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]";
+    /// One row.
+    pub fn row(&self) -> String {
+        let n = self.samples.len() as f64;
+        let avg = self.samples.iter().sum::<f64>() / n;
+        let sd = (self.samples.iter().map(|x| (x - avg).powi(2)).sum::<f64>() / n).sqrt();
+        format!(
+            " {:<7} {:<10}   {:<14.2} {:<12.2} {:<16.2} {:<14.2} {:<15.2} {:<22.2} {:.2}",
+            self.size,
+            self.samples.len(),
+            self.samples.first().copied().unwrap_or(f64::NAN),
+            self.samples.last().copied().unwrap_or(f64::NAN),
+            self.typical(),
+            avg,
+            sd,
+            self.pct(0.99),
+            self.pct(0.999)
+        )
+    }
+}
+
+/// One side's resources for a test.
+#[derive(Debug)]
+pub struct Endpoint<'a> {
+    /// The connected QP.
+    pub qp: &'a QueuePair,
+    /// Its CQ (send and receive).
+    pub cq: &'a CompletionQueue,
+    /// Its buffer (at least `size` bytes; registered with remote read/write/atomic).
+    pub mr: &'a MemoryRegion,
+    /// The peer's buffer.
+    pub remote: BufferInfo,
+}
+
+/// Registers a perf buffer for messages of `size` bytes: twice that (at least 8 each), the
+/// first half the source of what this side sends, the second what the peer writes.
+pub fn buffer(pd: &ProtectionDomain, size: usize) -> Result<MemoryRegion> {
+    pd.reg_mr(
+        vec![0u8; 2 * size.max(8)],
+        AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC,
+    )
+}
+
+const V: &str = "perf";
+
+fn check(wc: &crate::WorkCompletion) -> Result<()> {
+    if wc.status == WcStatus::Success {
+        Ok(())
+    } else {
+        Err(VerbsError::invalid(
+            V,
+            format!("completion {:?} for wr {}", wc.status, wc.wr_id),
+        ))
+    }
+}
+
+fn wait(cq: &CompletionQueue, busy: bool) -> Result<crate::WorkCompletion> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(wc) = cq.poll(1).pop() {
+            check(&wc)?;
+            return Ok(wc);
+        }
+        if Instant::now() > deadline {
+            return Err(VerbsError::new(
+                V,
+                ErrorKind::Timeout("no completion in 30 s".into()),
+            ));
+        }
+        if !busy {
+            cq.wait(Duration::from_millis(100));
+        }
+    }
+}
+
+fn post_op(e: &Endpoint<'_>, test: Test, size: usize, wr_id: u64, signaled: bool) -> Result<()> {
+    let half = if test == Test::WriteLat {
+        size.max(8) as u64
+    } else {
+        0
+    };
+    let remote = RemoteAddr {
+        addr: e.remote.addr + half,
+        rkey: e.remote.rkey,
+    };
+    let op = match test {
+        Test::WriteBw | Test::WriteLat => SendOp::Write(remote),
+        Test::SendBw | Test::SendLat => SendOp::Send,
+        Test::ReadBw | Test::ReadLat => SendOp::Read(remote),
+        Test::AtomicLat => SendOp::FetchAdd { remote, add: 1 },
+    };
+    let len = if test == Test::AtomicLat { 8 } else { size };
+    e.qp.post_send(SendWr {
+        wr_id,
+        op,
+        sg_list: vec![e.mr.sge(0, len)],
+        flags: SendFlags {
+            signaled,
+            ..SendFlags::default()
+        },
+    })
+}
+
+/// Bandwidth, requester side: keeps `tx_depth` messages in flight.
+pub fn bw_client(e: &Endpoint<'_>, test: Test, o: &PerfOptions) -> Result<BwReport> {
+    let start = Instant::now();
+    let end_at = o.duration.map(|d| start + d);
+    let total = if end_at.is_some() {
+        u64::MAX
+    } else {
+        u64::from(o.iters)
+    };
+    let cq_mod = u64::from(o.cq_mod.clamp(1, o.tx_depth));
+    let (mut posted, mut done) = (0u64, 0u64);
+    let mut marks = Vec::new();
+    let mut wcs = Vec::new();
+    while done < posted || (posted < total && end_at.is_none_or(|t| Instant::now() < t)) {
+        let stop = end_at.is_some_and(|t| Instant::now() >= t);
+        while !stop && posted < total && posted - done < u64::from(o.tx_depth) {
+            let last = posted + 1 == total;
+            let sig = (posted + 1) % cq_mod == 0 || last;
+            match post_op(e, test, o.size, posted + 1, sig) {
+                Ok(()) => posted += 1,
+                Err(VerbsError {
+                    kind: ErrorKind::Post(_),
+                    ..
+                }) => break,
+                Err(err) => return Err(err),
+            }
+        }
+        if stop && posted % cq_mod != 0 && done < posted {
+            // Close the run with a signaled message so every posted one is accounted for.
+            while post_op(e, test, o.size, posted + 1, true).is_err() {
+                std::thread::yield_now();
+            }
+            posted += 1;
+        }
+        wcs.clear();
+        if e.cq.poll_into(64, &mut wcs) == 0 {
+            e.cq.wait(Duration::from_millis(50));
+        }
+        for wc in &wcs {
+            check(wc)?;
+            done = done.max(wc.wr_id);
+            marks.push((done, start.elapsed().as_secs_f64()));
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    // Peak: best rate over any window holding a tenth of the messages.
+    let win = (done / 10).max(1);
+    let mut peak = 0f64;
+    let mut j = 0;
+    for i in 0..marks.len() {
+        while marks[i].0 - marks[j].0 > win {
+            j += 1;
+        }
+        let dt = marks[i].1 - marks[j].1;
+        if dt > 0.0 && marks[i].0 > marks[j].0 {
+            peak = peak.max((marks[i].0 - marks[j].0) as f64 * o.size as f64 / dt);
+        }
+    }
+    let avg = done as f64 * o.size as f64 / seconds;
+    Ok(BwReport {
+        size: o.size,
+        iters: done,
+        seconds,
+        peak_mbs: peak.max(avg) / f64::from(1 << 20),
+    })
+}
+
+/// Bandwidth, responder side: for SEND keeps receives posted until `n` messages arrived;
+/// for WRITE and READ there is nothing to do but wait for the barrier.
+pub fn bw_server(
+    e: &Endpoint<'_>,
+    test: Test,
+    o: &PerfOptions,
+    conn: &mut Connection,
+) -> Result<u64> {
+    if test != Test::SendBw {
+        conn.barrier()?;
+        return Ok(0);
+    }
+    let depth = e.qp.cap().max_recv_wr;
+    for i in 0..depth {
+        e.qp.post_recv(RecvWr {
+            wr_id: u64::from(i),
+            sg_list: vec![e.mr.sge(0, o.size)],
+        })?;
+    }
+    // The client says how many it sent through the barrier stream.
+    let mut got = 0u64;
+    let mut wcs = Vec::new();
+    let mut expected: Option<u64> = None;
+    conn.stream
+        .set_nonblocking(true)
+        .map_err(|e| VerbsError::io(V, e))?;
+    loop {
+        wcs.clear();
+        if e.cq.poll_into(64, &mut wcs) == 0 {
+            e.cq.wait(Duration::from_millis(5));
+        }
+        for wc in &wcs {
+            check(wc)?;
+            got += 1;
+            e.qp.post_recv(RecvWr {
+                wr_id: wc.wr_id,
+                sg_list: vec![e.mr.sge(0, o.size)],
+            })?;
+        }
+        if expected.is_none() {
+            let mut b = [0u8; 8];
+            use std::io::Read;
+            match conn.stream.read_exact(&mut b) {
+                Ok(()) => expected = Some(u64::from_be_bytes(b)),
+                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(err) => return Err(VerbsError::io(V, err)),
+            }
+        }
+        if expected.is_some_and(|n| got >= n) {
+            break;
+        }
+    }
+    conn.stream
+        .set_nonblocking(false)
+        .map_err(|e| VerbsError::io(V, e))?;
+    Ok(got)
+}
+
+/// Tells a SEND-bandwidth server how many messages to expect (others: a barrier).
+pub fn bw_client_finish(test: Test, r: &BwReport, conn: &mut Connection) -> Result<()> {
+    if test == Test::SendBw {
+        use std::io::Write;
+        conn.stream
+            .write_all(&r.iters.to_be_bytes())
+            .map_err(|e| VerbsError::io(V, e))
+    } else {
+        conn.barrier()
+    }
+}
+
+/// Latency. For SEND/WRITE both sides ping-pong (`initiator` sends first); for READ and
+/// atomics only the initiator works and the other side returns at once.
+pub fn lat(
+    e: &Endpoint<'_>,
+    test: Test,
+    o: &PerfOptions,
+    initiator: bool,
+    busy: bool,
+) -> Result<LatReport> {
+    let n = o.iters as usize;
+    let mut samples = Vec::with_capacity(n);
+    match test {
+        Test::ReadLat | Test::AtomicLat => {
+            if !initiator {
+                return Ok(LatReport {
+                    size: o.size,
+                    samples,
+                });
+            }
+            for i in 0..n {
+                let t = Instant::now();
+                post_op(e, test, o.size, i as u64, true)?;
+                wait(e.cq, busy)?;
+                samples.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        Test::SendLat => {
+            let post_recv = || {
+                e.qp.post_recv(RecvWr {
+                    wr_id: 0,
+                    sg_list: vec![e.mr.sge(0, o.size)],
+                })
+            };
+            post_recv()?;
+            post_recv()?;
+            let mut t = Instant::now();
+            if initiator {
+                post_op(e, test, o.size, 1, true)?;
+            }
+            let mut recvs = 0;
+            let mut sends = u32::from(initiator);
+            let mut sent_done = 0;
+            while recvs < n || sent_done < sends {
+                let wc = wait(e.cq, busy)?;
+                if wc.opcode == crate::WcOpcode::Send {
+                    sent_done += 1;
+                    continue;
+                }
+                recvs += 1;
+                post_recv()?;
+                if initiator {
+                    let now = Instant::now();
+                    samples.push((now - t).as_secs_f64() * 1e6 / 2.0);
+                    t = now;
+                }
+                if (initiator && recvs < n) || (!initiator && sends < n as u32) {
+                    post_op(e, test, o.size, 1, true)?;
+                    sends += 1;
+                }
+            }
+        }
+        Test::WriteLat => {
+            // As perftest: poll the last byte of our buffer for the peer's counter.
+            let last = o.size.max(1) - 1;
+            let inbox = o.size.max(8) + last;
+            let mut t = Instant::now();
+            for i in 0..n {
+                let tag = (i % 250 + 1) as u8;
+                if initiator {
+                    e.mr.write(last, &[tag])?;
+                    post_op(e, test, o.size, i as u64, false)?;
+                }
+                let deadline = Instant::now() + Duration::from_secs(30);
+                loop {
+                    let mut b = [0u8; 1];
+                    e.mr.read(inbox, &mut b)?;
+                    if b[0] == tag {
+                        break;
+                    }
+                    if Instant::now() > deadline {
+                        return Err(VerbsError::new(
+                            V,
+                            ErrorKind::Timeout("peer's WRITE never landed".into()),
+                        ));
+                    }
+                    if !busy {
+                        std::thread::yield_now();
+                    }
+                }
+                if !initiator {
+                    e.mr.write(last, &[tag])?;
+                    post_op(e, test, o.size, i as u64, false)?;
+                } else {
+                    let now = Instant::now();
+                    samples.push((now - t).as_secs_f64() * 1e6 / 2.0);
+                    t = now;
+                }
+            }
+        }
+        _ => return Err(VerbsError::invalid(V, "not a latency test")),
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok(LatReport {
+        size: o.size,
+        samples,
+    })
+}
