@@ -10,6 +10,8 @@ work=$(cd "$work" && pwd)
 if [[ -f $work/initrd.gz && -f $work/vmlinuz && $work/initrd.gz -nt $here/init && $work/initrd.gz -nt $0 ]]; then
   echo "rxe-vm: up to date in $work"; exit 0
 fi
+# A fresh machine has no package index yet.
+apt-cache show linux-image-amd64 >/dev/null 2>&1 || apt-get update -qq
 kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
 pkgs=($kpkg busybox-static ibverbs-utils ibverbs-providers libibverbs1 librdmacm1 rdmacm-utils
       perftest iproute2 libnl-3-200 libnl-route-3-200 libmnl0 libelf1 libbpf1 libcap2 libbsd0 libmd0 libtirpc3
