@@ -117,6 +117,23 @@ pub enum AtomicOp {
     },
 }
 
+impl AtomicOp {
+    /// Applies the operation to an 8-byte little-endian word; returns the old value.
+    ///
+    /// # Panics
+    /// If `word` is not 8 bytes long (callers check bounds first).
+    pub fn apply(self, word: &mut [u8]) -> u64 {
+        let old = u64::from_le_bytes(word.try_into().expect("an 8-byte word"));
+        let new = match self {
+            Self::CompareSwap { compare, swap } if old == compare => swap,
+            Self::CompareSwap { .. } => old,
+            Self::FetchAdd { add } => old.wrapping_add(add),
+        };
+        word.copy_from_slice(&new.to_le_bytes());
+        old
+    }
+}
+
 /// Memory as the engine sees it. Every method checks key, bounds and access before touching
 /// anything.
 pub trait MemoryAccess {
@@ -257,22 +274,7 @@ impl MemoryAccess for VecMemory {
     }
     fn atomic(&mut self, rkey: RKey, addr: u64, op: AtomicOp) -> Result<u64, MemError> {
         let (i, off) = self.locate(Key::Remote(rkey), addr, 8, Access::RemoteAtomic)?;
-        let word = &mut self.regions[i].data[off..off + 8];
-        let mut b = [0u8; 8];
-        b.copy_from_slice(word);
-        let old = u64::from_le_bytes(b);
-        let new = match op {
-            AtomicOp::CompareSwap { compare, swap } => {
-                if old == compare {
-                    swap
-                } else {
-                    old
-                }
-            }
-            AtomicOp::FetchAdd { add } => old.wrapping_add(add),
-        };
-        word.copy_from_slice(&new.to_le_bytes());
-        Ok(old)
+        Ok(op.apply(&mut self.regions[i].data[off..off + 8]))
     }
     fn invalidate(&mut self, rkey: RKey) -> Result<(), MemError> {
         let i = self.find(Key::Remote(rkey)).ok_or(MemError::InvalidKey)?;

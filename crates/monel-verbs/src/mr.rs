@@ -276,22 +276,7 @@ impl MemoryAccess for PdMemory<'_> {
     ) -> std::result::Result<u64, MemError> {
         let mr = self.find(Key::Remote(rkey), addr, 8, Access::RemoteAtomic)?;
         let off = (addr - mr.addr) as usize;
-        Ok(mr.with(|b| {
-            let w: &mut [u8] = &mut b[off..off + 8];
-            let old = u64::from_le_bytes(w.try_into().expect("8 bytes"));
-            let new = match op {
-                AtomicOp::CompareSwap { compare, swap } => {
-                    if old == compare {
-                        swap
-                    } else {
-                        old
-                    }
-                }
-                AtomicOp::FetchAdd { add } => old.wrapping_add(add),
-            };
-            w.copy_from_slice(&new.to_le_bytes());
-            old
-        }))
+        Ok(mr.with(|b| op.apply(&mut b[off..off + 8])))
     }
     fn invalidate(&mut self, rkey: RKey) -> std::result::Result<(), MemError> {
         // Only memory windows and fast-registered MRs may be remotely invalidated; plain
