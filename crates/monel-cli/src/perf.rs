@@ -58,13 +58,6 @@ pub(crate) struct PerfArgs {
     batch: usize,
 }
 
-fn device(s: &str) -> anyhow::Result<Device> {
-    Ok(match s.parse::<IpAddr>() {
-        Ok(ip) => Device::bind(ip)?,
-        Err(_) => Device::by_name(s)?,
-    })
-}
-
 fn cpu_seconds() -> f64 {
     let u = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF);
     u.map(|u| {
@@ -91,7 +84,7 @@ pub(crate) fn run(a: &PerfArgs) -> anyhow::Result<()> {
         return udp(a);
     }
     let test = Test::parse(&a.test).with_context(|| format!("unknown test {}", a.test))?;
-    let dev = device(&a.device)?;
+    let dev = Device::from_arg(&a.device)?;
     let mtu = Mtu::from_bytes(a.mtu).with_context(|| format!("-m {}: not an IB MTU", a.mtu))?;
     let ctx = Context::open(
         &dev,

@@ -53,10 +53,7 @@ pub(crate) struct PingpongArgs {
 
 fn pick_device(name: Option<&str>) -> anyhow::Result<Device> {
     if let Some(n) = name {
-        if let Ok(ip) = n.parse::<IpAddr>() {
-            return Ok(Device::bind(ip)?);
-        }
-        return Ok(Device::by_name(n)?);
+        return Ok(Device::from_arg(n)?);
     }
     devices()?
         .into_iter()

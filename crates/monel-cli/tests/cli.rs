@@ -8,13 +8,7 @@ const CAPTURE: &str = concat!(
 );
 
 fn monel(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_monel"))
-        .args(args)
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.code().unwrap_or(-1), text)
+    finish(spawn(args))
 }
 
 #[test]

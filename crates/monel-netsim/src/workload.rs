@@ -562,7 +562,7 @@ impl Workload {
         let mut icrc = 0;
         for h in 0..net.host_count() {
             for qp in &net.host(h).qps {
-                add_stats(&mut stats, &qp.stats());
+                stats += qp.stats();
             }
             lost += net.link_stats(h, true).lost + net.link_stats(h, false).lost;
             icrc += net.host(h).icrc_drops;
@@ -597,26 +597,4 @@ fn take_completions(net: &mut Network, h: usize, qp: usize) -> Vec<monel_rc::Wor
         }
     });
     mine
-}
-
-fn add_stats(sum: &mut QpStats, s: &QpStats) {
-    sum.tx_packets += s.tx_packets;
-    sum.tx_bytes += s.tx_bytes;
-    sum.rx_packets += s.rx_packets;
-    sum.retransmitted_packets += s.retransmitted_packets;
-    sum.timeouts += s.timeouts;
-    sum.seq_naks_sent += s.seq_naks_sent;
-    sum.seq_naks_received += s.seq_naks_received;
-    sum.rnr_naks_sent += s.rnr_naks_sent;
-    sum.rnr_naks_received += s.rnr_naks_received;
-    sum.duplicate_requests += s.duplicate_requests;
-    sum.duplicate_responses += s.duplicate_responses;
-    sum.out_of_sequence += s.out_of_sequence;
-    sum.access_errors += s.access_errors;
-    sum.invalid_requests += s.invalid_requests;
-    sum.acks_sent += s.acks_sent;
-    sum.cnps_sent += s.cnps_sent;
-    sum.cnps_received += s.cnps_received;
-    sum.dropped += s.dropped;
-    sum.fast_retries += s.fast_retries;
 }

@@ -43,3 +43,28 @@ pub struct QpStats {
     /// Immediate retries after a response gap on a READ/atomic.
     pub fast_retries: u64,
 }
+
+impl core::ops::AddAssign for QpStats {
+    /// Sums counters (e.g. over the QPs of a device).
+    fn add_assign(&mut self, o: Self) {
+        self.tx_packets += o.tx_packets;
+        self.tx_bytes += o.tx_bytes;
+        self.rx_packets += o.rx_packets;
+        self.retransmitted_packets += o.retransmitted_packets;
+        self.timeouts += o.timeouts;
+        self.seq_naks_sent += o.seq_naks_sent;
+        self.seq_naks_received += o.seq_naks_received;
+        self.rnr_naks_sent += o.rnr_naks_sent;
+        self.rnr_naks_received += o.rnr_naks_received;
+        self.duplicate_requests += o.duplicate_requests;
+        self.duplicate_responses += o.duplicate_responses;
+        self.out_of_sequence += o.out_of_sequence;
+        self.access_errors += o.access_errors;
+        self.invalid_requests += o.invalid_requests;
+        self.acks_sent += o.acks_sent;
+        self.cnps_sent += o.cnps_sent;
+        self.cnps_received += o.cnps_received;
+        self.dropped += o.dropped;
+        self.fast_retries += o.fast_retries;
+    }
+}

@@ -17,7 +17,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use crate::counters::DeviceCounters;
 use crate::cq::{CompletionQueue, CqShared};
-use crate::device::{Device, Gid};
+use crate::device::{Device, Gid, is_link_local};
 use crate::error::{ErrorKind, Result, VerbsError};
 use crate::mr::{Backing, MemoryRegion, MrShared, MrTable, random_key};
 use crate::netio::Sockets;
@@ -276,7 +276,7 @@ impl Context {
         let mut c = core.counters;
         let mut q = core.retired;
         for slot in core.qps.values() {
-            crate::counters::add_stats(&mut q, &slot.qp.stats());
+            q += slot.qp.stats();
         }
         c.qp = q;
         c.qps = core.qps.len() as u64;
@@ -330,7 +330,14 @@ impl ProtectionDomain {
         self.id
     }
 
-    fn register(&self, addr: u64, len: u64, access: AccessFlags, backing: Backing) -> MemoryRegion {
+    /// Puts a region in the device's key table; it stays there until removed.
+    fn insert_region(
+        &self,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+        backing: Backing,
+    ) -> Arc<MrShared> {
         let mut t = self
             .shared
             .mrs
@@ -347,8 +354,13 @@ impl ProtectionDomain {
             backing,
         });
         t.insert(mr.clone());
+        mr
+    }
+
+    /// A region handle that deregisters on drop.
+    fn register(&self, addr: u64, len: u64, access: AccessFlags, backing: Backing) -> MemoryRegion {
         MemoryRegion {
-            shared: mr,
+            shared: self.insert_region(addr, len, access, backing),
             table: self.shared.mrs.clone(),
         }
     }
@@ -418,21 +430,6 @@ impl ProtectionDomain {
             max_rd_atomic: limits::MAX_QP_RD_ATOM,
             ..QpCaps::default()
         };
-        let inline = (c.max_inline_data > 0).then(|| {
-            let n = c.max_inline_data as usize * c.max_send_wr as usize;
-            let buf = vec![0u8; n].into_boxed_slice();
-            let (addr, len) = (buf.as_ptr() as u64, n as u64);
-            let mr = self.register(
-                addr,
-                len,
-                AccessFlags::NONE,
-                Backing::Owned(Mutex::new(buf)),
-            );
-            let shared = mr.shared.clone();
-            // The QP slot keeps the region alive; forget the handle without deregistering.
-            std::mem::forget(mr);
-            (shared, c.max_inline_data)
-        });
         let mut core = self.shared.core();
         if core.qps.len() >= limits::MAX_QP {
             return Err(VerbsError::new(
@@ -440,6 +437,19 @@ impl ProtectionDomain {
                 ErrorKind::Busy("device has limits::MAX_QP QPs".into()),
             ));
         }
+        // The inline bounce region belongs to the QP slot; QueuePair's drop removes its keys.
+        let inline = (c.max_inline_data > 0).then(|| {
+            let n = c.max_inline_data as usize * c.max_send_wr as usize;
+            let buf = vec![0u8; n].into_boxed_slice();
+            let (addr, len) = (buf.as_ptr() as u64, n as u64);
+            let mr = self.insert_region(
+                addr,
+                len,
+                AccessFlags::NONE,
+                Backing::Owned(Mutex::new(buf)),
+            );
+            (mr, c.max_inline_data)
+        });
         let qpn = random_key(|k| {
             let q = k & 0xff_ffff;
             q < 0x11 || q == 0xff_ffff || core.qps.contains_key(&q)
@@ -592,7 +602,7 @@ impl QueuePair {
             }
             let mut dst = SocketAddr::new(dip, self.shared.config.udp_port);
             if let SocketAddr::V6(s6) = &mut dst {
-                if s6.ip().segments()[0] & 0xffc0 == 0xfe80 {
+                if is_link_local(&dip) {
                     s6.set_scope_id(sgid.ifindex);
                 }
             }
@@ -736,10 +746,7 @@ impl QueuePair {
             // by which time the WQE that used it has left the queue.
             let idx = slot.inline_next % self.cap.max_send_wr;
             let off = idx as usize * per as usize;
-            if let Backing::Owned(m) = &mr.backing {
-                m.lock().unwrap_or_else(PoisonError::into_inner)[off..off + data.len()]
-                    .copy_from_slice(data);
-            }
+            mr.with(|b| b[off..off + data.len()].copy_from_slice(data));
             let mut flags = flags;
             if slot.sq_sig_all {
                 flags.signaled = true;
@@ -790,7 +797,7 @@ impl Drop for QueuePair {
         let mut core = self.shared.core();
         if let Some(slot) = core.qps.remove(&self.qpn) {
             let st = slot.qp.stats();
-            crate::counters::add_stats(&mut core.retired, &st);
+            core.retired += st;
             if let Some((mr, _)) = slot.inline {
                 self.shared
                     .mrs

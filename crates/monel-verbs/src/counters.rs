@@ -42,28 +42,6 @@ pub struct DeviceCounters {
     pub qp: QpStats,
 }
 
-pub(crate) fn add_stats(a: &mut QpStats, b: &QpStats) {
-    a.tx_packets += b.tx_packets;
-    a.tx_bytes += b.tx_bytes;
-    a.rx_packets += b.rx_packets;
-    a.retransmitted_packets += b.retransmitted_packets;
-    a.timeouts += b.timeouts;
-    a.seq_naks_sent += b.seq_naks_sent;
-    a.seq_naks_received += b.seq_naks_received;
-    a.rnr_naks_sent += b.rnr_naks_sent;
-    a.rnr_naks_received += b.rnr_naks_received;
-    a.duplicate_requests += b.duplicate_requests;
-    a.duplicate_responses += b.duplicate_responses;
-    a.out_of_sequence += b.out_of_sequence;
-    a.access_errors += b.access_errors;
-    a.invalid_requests += b.invalid_requests;
-    a.acks_sent += b.acks_sent;
-    a.cnps_sent += b.cnps_sent;
-    a.cnps_received += b.cnps_received;
-    a.dropped += b.dropped;
-    a.fast_retries += b.fast_retries;
-}
-
 impl fmt::Display for DeviceCounters {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let q = &self.qp;

@@ -3,7 +3,7 @@
 //! per IPv4 address, then the other IPv6 addresses; all are RoCE v2.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 
 use monel_rc::Mtu;
 use monel_wire::IpAddress;
@@ -181,7 +181,8 @@ pub fn devices() -> Result<Vec<Device>> {
         .collect())
 }
 
-fn is_link_local(ip: &IpAddr) -> bool {
+/// True for IPv6 link-local addresses (fe80::/10), which need a scope when bound or sent to.
+pub(crate) fn is_link_local(ip: &IpAddr) -> bool {
     matches!(ip, IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80)
 }
 
@@ -237,6 +238,15 @@ impl Device {
         Ok(d)
     }
 
+    /// A device from a command-line argument: an IP address to bind to, or a device or
+    /// interface name.
+    pub fn from_arg(s: &str) -> Result<Self> {
+        match s.parse::<IpAddr>() {
+            Ok(ip) => Self::bind(ip),
+            Err(_) => Self::by_name(s),
+        }
+    }
+
     /// Finds a device by name (`monel_lo`) or interface name (`lo`).
     pub fn by_name(name: &str) -> Result<Self> {
         devices()?
@@ -279,11 +289,6 @@ impl Device {
             .position(|g| g.gid.to_ip().is_ipv4())
             .map(|i| i as u8)
     }
-}
-
-/// `ip` as an IPv6 address for display of mapped GIDs.
-pub fn ipv6_of(g: Gid) -> Ipv6Addr {
-    Ipv6Addr::from(g.0)
 }
 
 #[cfg(test)]

@@ -65,15 +65,10 @@ impl IcrcChecker {
             flow_label: 0,
         };
         let hl = framing.header_len();
-        let mut hdr = [0u8; 48 + 16];
-        // Emit headers in front of a 16-byte dummy body of the right declared length: only the
-        // header bytes are used, and the body length only enters through the length fields.
-        let mut tmp = vec![0u8; hl + roce.len()];
-        tmp[hl..].copy_from_slice(roce);
-        if framing.emit(&mut tmp, roce.len()).is_err() {
+        let mut hdr = [0u8; 48];
+        if framing.emit_headers(&mut hdr[..hl], roce.len()).is_err() {
             return IcrcVerdict::Bad;
         }
-        hdr[..hl].copy_from_slice(&tmp[..hl]);
         let (ip, udp) = hdr[..hl].split_at(hl - 8);
         let body = &roce[..roce.len() - ICRC_LEN];
         let Ok(computed) = icrc::compute(ip, udp, body) else {
@@ -108,6 +103,13 @@ pub(crate) fn run(shared: &DevShared) {
     let mut tx = TxBatch::new(n);
     let mut icrc = IcrcChecker::new();
     let mut next_timer: Option<Instant> = None;
+    let mut fds: Vec<PollFd<'_>> = shared
+        .sockets
+        .socks
+        .iter()
+        .map(|s| PollFd::new(s.udp.as_fd(), PollFlags::POLLIN))
+        .chain([PollFd::new(shared.doorbell.as_fd(), PollFlags::POLLIN)])
+        .collect();
     loop {
         if shared.stop.load(Ordering::Acquire) {
             return;
@@ -120,13 +122,6 @@ pub(crate) fn run(shared: &DevShared) {
                     (d.div_ceil(1_000_000)).min(100) as u16
                 }
             };
-            let mut fds: Vec<PollFd<'_>> = shared
-                .sockets
-                .socks
-                .iter()
-                .map(|s| PollFd::new(s.udp.as_fd(), PollFlags::POLLIN))
-                .collect();
-            fds.push(PollFd::new(shared.doorbell.as_fd(), PollFlags::POLLIN));
             let _ = poll(&mut fds, PollTimeout::from(wait_ms));
             let _ = shared.doorbell.read();
         }
@@ -219,6 +214,13 @@ fn deliver(
     slot.qp.handle_packet(t, bytes, ce, &mut mem);
 }
 
+fn flush(tx: &mut TxBatch, shared: &DevShared, c: &mut crate::DeviceCounters) {
+    let (sent, failed, calls) = tx.flush(&shared.sockets);
+    c.tx_packets += sent;
+    c.tx_errors += failed;
+    c.tx_batches += calls;
+}
+
 /// Runs due timers, transmits, moves completions and events out. Returns the next deadline.
 fn service(shared: &DevShared, tx: &mut TxBatch) -> Option<Instant> {
     let tc = shared.config.traffic_class();
@@ -235,33 +237,28 @@ fn service(shared: &DevShared, tx: &mut TxBatch) -> Option<Instant> {
         }
         if let Some((si, peer)) = slot.peer {
             let local = shared.sockets.socks[si].local;
+            let framing = FrameRepr {
+                src: wire_ip(local.ip()),
+                dst: wire_ip(peer.ip()),
+                src_port: local.port(),
+                dst_port: peer.port(),
+                traffic_class: tc,
+                hop_limit: slot.qp.attr().ah_attr.hop_limit,
+                ident: 0,
+                flow_label: 0,
+            };
+            let start = TX_HEADROOM - framing.header_len();
             let mem = PdMemory {
                 table: &mut mrs,
                 pd: slot.pd,
             };
             loop {
                 if tx.is_full() {
-                    let (s, f, calls) = tx.flush(&shared.sockets);
-                    core.counters.tx_packets += s;
-                    core.counters.tx_errors += f;
-                    core.counters.tx_batches += calls;
+                    flush(tx, shared, &mut core.counters);
                 }
                 let buf = tx.next_buf();
-                let hl = if peer.is_ipv4() { 28 } else { 48 };
-                let start = TX_HEADROOM - hl;
                 let Some(out) = slot.qp.poll_transmit(t, &mut buf[TX_HEADROOM..], &mem) else {
                     break;
-                };
-                let attr = slot.qp.attr();
-                let framing = FrameRepr {
-                    src: wire_ip(local.ip()),
-                    dst: wire_ip(peer.ip()),
-                    src_port: local.port(),
-                    dst_port: peer.port(),
-                    traffic_class: tc,
-                    hop_limit: attr.ah_attr.hop_limit,
-                    ident: 0,
-                    flow_label: 0,
                 };
                 if framing.emit(&mut buf[start..], out.len).is_err() {
                     core.counters.tx_errors += 1;
@@ -291,10 +288,7 @@ fn service(shared: &DevShared, tx: &mut TxBatch) -> Option<Instant> {
             next = Some(next.map_or(d, |n: Instant| n.min(d)));
         }
     }
-    let (s, f, calls) = tx.flush(&shared.sockets);
-    core.counters.tx_packets += s;
-    core.counters.tx_errors += f;
-    core.counters.tx_batches += calls;
+    flush(tx, shared, &mut core.counters);
     core.events.extend(events);
     overflowed.dedup();
     core.events.extend(

@@ -45,7 +45,7 @@ pub(crate) struct MrShared {
 }
 
 impl MrShared {
-    fn with<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
         match &self.backing {
             Backing::Owned(m) => f(&mut m.lock().unwrap_or_else(PoisonError::into_inner)),
             Backing::Raw { ptr, len } => {

@@ -12,7 +12,7 @@ use nix::sys::socket::{
 use nix::sys::time::TimeSpec;
 
 use crate::context::ContextConfig;
-use crate::device::Device;
+use crate::device::{Device, is_link_local};
 use crate::error::{Result, VerbsError};
 
 /// Largest datagram accepted: 4096-byte MTU plus every header, with room to spare, so an
@@ -59,7 +59,7 @@ impl Sockets {
         for g in &device.gids {
             let ip = g.gid.to_ip();
             let addr = match ip {
-                IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80 => {
+                IpAddr::V6(a) if is_link_local(&ip) => {
                     SocketAddr::V6(SocketAddrV6::new(a, config.udp_port, 0, g.ifindex))
                 }
                 _ => SocketAddr::new(ip, config.udp_port),

@@ -215,7 +215,7 @@ pub fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
         psn: random_psn(),
         gid,
     };
-    let params = |_: &Dest| ConnectParams {
+    let params = ConnectParams {
         sgid_index: o.gid_index,
         local_psn: me.psn,
         mtu: o.mtu,
@@ -231,7 +231,7 @@ pub fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
                 psn: peer.psn,
                 gid: peer.gid,
             },
-            &params(peer),
+            &params,
         )
     };
     let is_client = match role {

@@ -464,6 +464,24 @@ impl FrameRepr {
         if buf.len() < total || roce_len < 12 + ICRC_LEN {
             return Err(WireError::Truncated);
         }
+        self.emit_headers(&mut buf[..hl], roce_len)?;
+        let (head, roce) = buf[..total].split_at_mut(hl);
+        let icrc = icrc::compute(
+            &head[..hl - 8],
+            &head[hl - 8..],
+            &roce[..roce_len - ICRC_LEN],
+        )?;
+        RocePacket::new_unchecked(roce).set_icrc(icrc);
+        Ok(total)
+    }
+
+    /// Writes only the IP and UDP headers for a `roce_len`-byte RoCE packet into
+    /// `buf[..header_len()]`: what a receiver behind a UDP socket rebuilds to check an ICRC.
+    pub fn emit_headers(&self, buf: &mut [u8], roce_len: usize) -> Result<()> {
+        let hl = self.header_len();
+        if buf.len() < hl {
+            return Err(WireError::Truncated);
+        }
         let udp_len = u16::try_from(8 + roce_len).map_err(|_| WireError::BadLength)?;
         match (self.src, self.dst) {
             (IpAddress::V4(s), IpAddress::V4(d)) => {
@@ -501,14 +519,7 @@ impl FrameRepr {
         set16(u, 2, self.dst_port);
         set16(u, 4, udp_len);
         set16(u, 6, 0);
-        let (head, roce) = buf[..total].split_at_mut(hl);
-        let icrc = icrc::compute(
-            &head[..hl - 8],
-            &head[hl - 8..],
-            &roce[..roce_len - ICRC_LEN],
-        )?;
-        RocePacket::new_unchecked(roce).set_icrc(icrc);
-        Ok(total)
+        Ok(())
     }
 }
 
