@@ -1,10 +1,13 @@
 //! `monel`: the command-line face of Monel. Thin over the libraries.
 
+mod connect;
 mod devices;
 mod dump;
 mod perf;
 mod pingpong;
 mod sim;
+mod switch;
+mod transfer;
 
 use clap::{Parser, Subcommand};
 
@@ -29,6 +32,11 @@ enum Cmd {
     /// perftest-style tests (write-bw, send-bw, read-bw, write-lat, send-lat, read-lat,
     /// atomic-lat) and raw-UDP baselines (udp-bw, udp-lat).
     Perf(perf::PerfArgs),
+    /// Software Ethernet switch between veth ends that drops, reorders, delays, duplicates
+    /// and ECN-marks UDP (root; for tests across network namespaces).
+    Switch(switch::SwitchArgs),
+    /// One verified bulk RDMA WRITE (default 1 GiB): goodput, recovery counters, DCQCN.
+    Transfer(transfer::TransferArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,5 +46,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Devices(a) => devices::run(&a),
         Cmd::Pingpong(a) => pingpong::run(&a),
         Cmd::Perf(a) => perf::run(&a),
+        Cmd::Switch(a) => switch::run(&a),
+        Cmd::Transfer(a) => transfer::run(&a),
     }
 }

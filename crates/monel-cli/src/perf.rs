@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use monel_verbs::cm::{self, BufferInfo, CmConfig, Listener};
 use monel_verbs::perf::{self, BwReport, Endpoint, LatReport, PerfOptions, Test};
-use monel_verbs::{Context, ContextConfig, Device, Mtu, QpCap, QpInitAttr, QpType};
+
+use crate::connect::{self, ConnArgs, Session};
 use nix::sys::socket::{MsgFlags, MultiHeaders, SockaddrStorage, sendmmsg};
 
 /// Arguments of `monel perf`.
@@ -20,12 +20,8 @@ pub(crate) struct PerfArgs {
     test: String,
     /// Server to connect to; without it, act as the server.
     server: Option<String>,
-    /// Device: an IP address to bind, or an interface (`eth0`).
-    #[arg(short = 'd', long = "ib-dev", default_value = "127.0.0.1")]
-    device: String,
-    /// TCP port of the connection setup (UDP port for udp-*).
-    #[arg(short = 'p', long, default_value_t = 18515)]
-    port: u16,
+    #[command(flatten)]
+    conn: ConnArgs,
     /// Message size.
     #[arg(short = 's', long)]
     size: Option<usize>,
@@ -41,18 +37,6 @@ pub(crate) struct PerfArgs {
     /// Send queue depth.
     #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
     tx_depth: u32,
-    /// Path MTU.
-    #[arg(short = 'm', long, default_value_t = 4096)]
-    mtu: u32,
-    /// Busy-poll (progress thread and completion polling spin).
-    #[arg(long)]
-    busy: bool,
-    /// Shared secret for the connection setup.
-    #[arg(long)]
-    secret: Option<String>,
-    /// UDP port of the RNIC.
-    #[arg(long = "udp-port", default_value_t = 4791)]
-    udp_port: u16,
     /// Datagrams per sendmmsg batch (udp-bw).
     #[arg(long, default_value_t = 32)]
     batch: usize,
@@ -84,64 +68,21 @@ pub(crate) fn run(a: &PerfArgs) -> anyhow::Result<()> {
         return udp(a);
     }
     let test = Test::parse(&a.test).with_context(|| format!("unknown test {}", a.test))?;
-    let dev = Device::from_arg(&a.device)?;
-    let mtu = Mtu::from_bytes(a.mtu).with_context(|| format!("-m {}: not an IB MTU", a.mtu))?;
-    let ctx = Context::open(
-        &dev,
-        ContextConfig {
-            udp_port: a.udp_port,
-            busy_poll: a.busy,
-            ..ContextConfig::default()
-        },
-    )?;
-    let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq(8192)?;
-    let cfg = CmConfig {
-        secret: a.secret.as_ref().map(|s| s.as_bytes().to_vec()),
-        mtu,
-        timeout: Duration::from_secs(60),
-        ..CmConfig::default()
-    };
     let default_size = if test.is_bw() { 65536 } else { 2 };
     let all = sizes(a, default_size);
     let maxsize = *all.iter().max().unwrap_or(&default_size);
-    let mr = perf::buffer(&pd, maxsize)?;
-    let bi = BufferInfo {
-        addr: mr.addr(),
-        rkey: mr.rkey(),
-        len: mr.len() as u64,
-    };
-    let qp = pd.create_qp(&QpInitAttr {
-        send_cq: &cq,
-        recv_cq: &cq,
-        cap: QpCap {
-            max_send_wr: a.tx_depth.max(1),
-            max_recv_wr: 512,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        qp_type: QpType::Rc,
-        sq_sig_all: false,
+    let Session {
+        dev,
+        ctx,
+        cq,
+        mr,
+        qp,
+        mut conn,
+        is_client,
+        ..
+    } = connect::open(&a.conn, a.server.as_deref(), a.tx_depth, |pd| {
+        perf::buffer(pd, maxsize)
     })?;
-    let is_client = a.server.is_some();
-    let mut conn = match &a.server {
-        Some(s) => {
-            let ip: IpAddr = s
-                .parse()
-                .with_context(|| format!("server {s}: not an IP address"))?;
-            cm::connect(SocketAddr::new(ip, a.port), &qp, Some(bi), &cfg)?
-        }
-        None => {
-            let any: IpAddr = if dev.gid(0)?.gid.to_ip().is_ipv4() {
-                "0.0.0.0"
-            } else {
-                "::"
-            }
-            .parse()?;
-            Listener::bind(SocketAddr::new(any, a.port))?.accept(&qp, Some(bi), &cfg)?
-        }
-    };
     let e = Endpoint {
         qp: &qp,
         cq: &cq,
@@ -188,7 +129,7 @@ pub(crate) fn run(a: &PerfArgs) -> anyhow::Result<()> {
                 perf::bw_server(&e, test, &o, &mut conn)?;
             }
         } else {
-            let r = perf::lat(&e, test, &o, is_client, a.busy)?;
+            let r = perf::lat(&e, test, &o, is_client, a.conn.busy)?;
             conn.barrier()?;
             if is_client {
                 println!("{}", r.row());
@@ -205,17 +146,18 @@ pub(crate) fn run(a: &PerfArgs) -> anyhow::Result<()> {
 /// `udp-lat` ping-pongs datagrams of the message size.
 fn udp(a: &PerfArgs) -> anyhow::Result<()> {
     let bind: IpAddr = a
+        .conn
         .device
         .parse()
         .context("udp-*: -d must be an IP address")?;
-    let sock = UdpSocket::bind(SocketAddr::new(bind, a.port))?;
+    let sock = UdpSocket::bind(SocketAddr::new(bind, a.conn.port))?;
     let _ = nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::RcvBuf, &(4 << 20));
     let _ = nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::SndBuf, &(4 << 20));
     let bw = a.test == "udp-bw";
     let size = a.size.unwrap_or(if bw { 65536 } else { 8 });
     // A RoCE packet of a full MTU: BTH + payload + ICRC.
     let dgram = if bw {
-        (a.mtu as usize + 16).min(size + 16)
+        (a.conn.mtu as usize + 16).min(size + 16)
     } else {
         size
     };
@@ -228,7 +170,7 @@ fn udp(a: &PerfArgs) -> anyhow::Result<()> {
             loop {
                 let (n, from) = sock.recv_from(&mut buf)?;
                 if n == 0 {
-                    if let Some(t) = t0 {
+                    if let (true, Some(t)) = (bw, t0) {
                         let s = Instant::now().duration_since(t).as_secs_f64();
                         println!(
                             "udp-bw receiver: {:.2} Gb/s payload",
@@ -247,7 +189,7 @@ fn udp(a: &PerfArgs) -> anyhow::Result<()> {
             }
         }
         Some(s) => {
-            let to = SocketAddr::new(s.parse()?, a.port);
+            let to = SocketAddr::new(s.parse()?, a.conn.port);
             let start = Instant::now();
             if bw {
                 let total = size as u64 * u64::from(a.iters.unwrap_or(5000));

@@ -3,13 +3,16 @@
 //! duplication and corruption. Every packet is a real RoCEv2 datagram with a real ICRC, and a
 //! run can be captured to pcap for Wireshark.
 //!
-//! [`workload`] drives verified random work over it; [`sweep`] produces the loss-sweep table
+//! [`Port`] is one link's model on the caller's clock, for the real software switch
+//! (`monel-switch`). [`workload`] drives verified random work over it; [`sweep`] produces the loss-sweep table
 //! the `monel sim` command prints.
 
 mod link;
 mod net;
+pub mod port;
 pub mod sweep;
 pub mod workload;
 
 pub use link::{EcnConfig, LinkConfig, LinkStats};
 pub use net::{ConnectConfig, Host, Network, udp_sport};
+pub use port::Port;

@@ -123,6 +123,8 @@ pub(crate) struct Link {
     pub(crate) stats: LinkStats,
     /// Where packets arriving at the far end go.
     pub(crate) to: crate::net::Node,
+    /// Where the IP header starts in a frame (0 for IP datagrams, 14 for Ethernet frames).
+    pub(crate) l3_offset: usize,
 }
 
 impl Link {
@@ -134,7 +136,11 @@ impl Link {
         }
         if let Some(ecn) = self.cfg.ecn {
             let p = ecn.probability(self.queued_bytes);
-            if p > 0.0 && self.rng.gen_bool(p.min(1.0)) && monel_wire::frame::mark_ce(&mut frame) {
+            if p > 0.0
+                && self.rng.gen_bool(p.min(1.0))
+                && frame.len() > self.l3_offset
+                && monel_wire::frame::mark_ce(&mut frame[self.l3_offset..])
+            {
                 self.stats.ecn_marked += 1;
             }
         }

@@ -150,6 +150,7 @@ impl Network {
                     rng: ChaCha8Rng::seed_from_u64(rng.r#gen()),
                     stats: LinkStats::default(),
                     to: if up { Node::Switch } else { Node::Host(h) },
+                    l3_offset: 0,
                 });
             }
             hs.push(Host {

@@ -790,6 +790,11 @@ impl QueuePair {
     pub fn stats(&self) -> Result<QpStats> {
         self.with_slot("ibv_query_qp", |s| Ok(s.qp.stats()))
     }
+
+    /// This QP's congestion controller state (DCQCN's rate, target, alpha; CNPs seen).
+    pub fn congestion(&self) -> Result<monel_rc::congestion::ControllerMetrics> {
+        self.with_slot("ibv_query_qp", |s| Ok(s.qp.congestion()))
+    }
 }
 
 impl Drop for QueuePair {

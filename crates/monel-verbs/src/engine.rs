@@ -12,7 +12,8 @@ use std::sync::atomic::Ordering;
 use monel_rc::Instant;
 use monel_wire::icrc::{self, Ipv4IdBasis};
 use monel_wire::{FrameRepr, ICRC_LEN, IpAddress, RocePacket};
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::poll::{PollFd, PollFlags, ppoll};
+use nix::sys::time::TimeSpec;
 
 use crate::context::{Core, DevShared, device_event};
 use crate::mr::PdMemory;
@@ -96,8 +97,13 @@ fn now(shared: &DevShared) -> Instant {
     Instant::from_nanos(shared.epoch.elapsed().as_nanos() as u64)
 }
 
+/// The longest the progress thread sleeps with nothing to do.
+const MAX_SLEEP_NS: u64 = 100_000_000;
+
 /// The progress loop; returns when the context is dropped.
 pub(crate) fn run(shared: &DevShared) {
+    // Timers of microseconds need the kernel to wake us when asked (default slack: 50 us).
+    let _ = nix::sys::prctl::set_timerslack(1_000);
     let n = shared.config.batch;
     let mut rx = RxBatch::new(n);
     let mut tx = TxBatch::new(n);
@@ -115,14 +121,16 @@ pub(crate) fn run(shared: &DevShared) {
             return;
         }
         if !shared.config.busy_poll {
-            let wait_ms = match next_timer {
-                None => 100,
-                Some(t) => {
-                    let d = t.as_nanos().saturating_sub(now(shared).as_nanos());
-                    (d.div_ceil(1_000_000)).min(100) as u16
-                }
+            // Nanosecond timeouts: pacing gaps and retransmit timers are microseconds apart.
+            let wait_ns = match next_timer {
+                None => MAX_SLEEP_NS,
+                Some(t) => t
+                    .as_nanos()
+                    .saturating_sub(now(shared).as_nanos())
+                    .min(MAX_SLEEP_NS),
             };
-            let _ = poll(&mut fds, PollTimeout::from(wait_ms));
+            let ts = TimeSpec::from_duration(std::time::Duration::from_nanos(wait_ns));
+            let _ = ppoll(&mut fds, Some(ts), None);
             let _ = shared.doorbell.read();
         }
         // Receive.

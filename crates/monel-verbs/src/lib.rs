@@ -21,6 +21,7 @@ mod mr;
 mod netio;
 pub mod perf;
 pub mod pingpong;
+pub mod transfer;
 
 pub use context::{
     AsyncEvent, ConnectParams, Context, ContextConfig, ProtectionDomain, QpCap, QpInitAttr, QpType,

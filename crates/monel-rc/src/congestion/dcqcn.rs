@@ -11,7 +11,8 @@
 //!   min(T, BC) > F; additive increase RT += R_AI otherwise; then RC = (RT + RC) / 2.
 //!
 //! Pacing: each data packet delays the next by `bytes * 8 / RC`, at the RC in force when the
-//! next one is due (so a recovering rate shortens a pending gap).
+//! next one is due (so a recovering rate shortens a pending gap); a sender behind schedule
+//! catches up for at most `pacing_slack`.
 
 use core::time::Duration;
 
@@ -55,6 +56,10 @@ pub struct DcqcnParams {
     /// Notification point: minimum time between CNPs a receiver sends per QP
     /// (mlx5 `np_min_time_between_cnps`: 4 us).
     pub cnp_interval: Duration,
+    /// How far behind schedule the pacer may catch up in a burst (a token bucket's depth in
+    /// time). A sender that wakes late for its next packet (a software timer) sends what
+    /// it owes for up to this long instead of losing the time; an idle one banks no more.
+    pub pacing_slack: Duration,
 }
 
 impl Default for DcqcnParams {
@@ -76,6 +81,7 @@ impl Default for DcqcnParams {
             rate_ai_bps: 5e6,
             rate_hai_bps: 50e6,
             cnp_interval: Duration::from_micros(4),
+            pacing_slack: Duration::from_micros(50),
         }
     }
 }
@@ -209,10 +215,14 @@ impl Dcqcn {
 
 impl Controller for Dcqcn {
     fn on_sent(&mut self, now: Instant, bytes: usize) {
-        // Pacing restarts from the later of now and when this packet was due, so an idle
-        // sender does not bank credit.
+        // Pacing continues from when this packet was due, so a late wake-up is made up in a
+        // burst, but never from earlier than `pacing_slack` ago, so an idle sender banks
+        // little credit.
         let due = self.next_send_time().unwrap_or(now);
-        self.last_sent_at = due.max(now);
+        let floor = now
+            .as_nanos()
+            .saturating_sub(self.p.pacing_slack.as_nanos() as u64);
+        self.last_sent_at = Instant::from_nanos(due.as_nanos().max(floor));
         self.last_sent_bytes = bytes;
         if self.active {
             self.bytes += bytes as u64;
@@ -340,5 +350,29 @@ mod tests {
         assert_eq!(d.next_send_time(), Some(Instant::from_nanos(1000)));
         d.on_sent(Instant::from_nanos(1000), 1000);
         assert_eq!(d.next_send_time(), Some(Instant::from_nanos(2000)));
+    }
+
+    #[test]
+    fn a_late_sender_catches_up_within_the_slack_only() {
+        let p = DcqcnParams {
+            pacing_slack: Duration::from_micros(10),
+            ..DcqcnParams::for_line_rate(8e9)
+        };
+        let mut d = Dcqcn::new(p);
+        // 1000 B at 8 Gb/s: one packet per microsecond.
+        d.on_sent(us(0), 1000);
+        // Woken 5 us late: the schedule continues from when the packet was due, so the
+        // next four are due at once (a burst), not a microsecond after each wake-up.
+        d.on_sent(us(6), 1000);
+        assert_eq!(d.next_send_time(), Some(us(2)));
+        for _ in 0..4 {
+            d.on_sent(us(6), 1000);
+        }
+        assert_eq!(d.next_send_time(), Some(us(6)));
+        d.on_sent(us(6), 1000);
+        assert_eq!(d.next_send_time(), Some(us(7)), "caught up: paced again");
+        // Idle for a millisecond: at most 10 us of credit.
+        d.on_sent(us(1000), 1000);
+        assert_eq!(d.next_send_time(), Some(us(991)));
     }
 }

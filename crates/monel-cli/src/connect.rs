@@ -1,0 +1,135 @@
+//! What `monel perf` and `monel transfer` share: the device and connection flags, and the
+//! setup from device to a connected RC QP with a registered buffer on each side.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+use monel_rc::congestion::{CongestionConfig, DcqcnParams};
+use monel_verbs::cm::{self, BufferInfo, CmConfig, Connection, Listener};
+use monel_verbs::{
+    CompletionQueue, Context, ContextConfig, Device, MemoryRegion, Mtu, ProtectionDomain, QpCap,
+    QpInitAttr, QpType, QueuePair,
+};
+
+/// Device and connection flags.
+#[derive(Debug, Args)]
+pub(crate) struct ConnArgs {
+    /// Device: an IP address to bind, or an interface (`eth0`).
+    #[arg(short = 'd', long = "ib-dev", default_value = "127.0.0.1")]
+    pub(crate) device: String,
+    /// TCP port of the connection setup (UDP port for udp-*).
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    pub(crate) port: u16,
+    /// Path MTU.
+    #[arg(short = 'm', long, default_value_t = 4096)]
+    pub(crate) mtu: u32,
+    /// Busy-poll (progress thread and completion polling spin).
+    #[arg(long)]
+    pub(crate) busy: bool,
+    /// Shared secret for the connection setup.
+    #[arg(long)]
+    pub(crate) secret: Option<String>,
+    /// UDP port of the RNIC.
+    #[arg(long = "udp-port", default_value_t = 4791)]
+    pub(crate) udp_port: u16,
+    /// DCQCN congestion control, with this line rate in Gb/s (reacts to ECN marks via CNPs).
+    #[arg(long, value_name = "GBPS")]
+    pub(crate) dcqcn: Option<f64>,
+}
+
+/// A connected QP and everything it hangs off.
+pub(crate) struct Session {
+    pub(crate) dev: Device,
+    pub(crate) ctx: Context,
+    pub(crate) cq: CompletionQueue,
+    pub(crate) mr: MemoryRegion,
+    pub(crate) qp: QueuePair,
+    pub(crate) conn: Connection,
+    pub(crate) is_client: bool,
+    // Declared last: dropped after the QP and MR that belong to it.
+    _pd: ProtectionDomain,
+}
+
+/// Opens the device, registers the buffer `buffer` makes, creates an RC QP with `tx_depth`
+/// send slots and connects it to `server`'s (or accepts one, without a server).
+pub(crate) fn open(
+    a: &ConnArgs,
+    server: Option<&str>,
+    tx_depth: u32,
+    buffer: impl FnOnce(&ProtectionDomain) -> monel_verbs::Result<MemoryRegion>,
+) -> anyhow::Result<Session> {
+    let dev = Device::from_arg(&a.device)?;
+    let mtu = Mtu::from_bytes(a.mtu).with_context(|| format!("-m {}: not an IB MTU", a.mtu))?;
+    let congestion = match a.dcqcn {
+        None => CongestionConfig::None,
+        Some(g) if g > 0.0 && g.is_finite() => {
+            CongestionConfig::Dcqcn(DcqcnParams::for_line_rate(g * 1e9))
+        }
+        Some(g) => anyhow::bail!("--dcqcn {g}: the line rate must be positive"),
+    };
+    let ctx = Context::open(
+        &dev,
+        ContextConfig {
+            udp_port: a.udp_port,
+            busy_poll: a.busy,
+            congestion,
+            ..ContextConfig::default()
+        },
+    )?;
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(8192)?;
+    let cfg = CmConfig {
+        secret: a.secret.as_ref().map(|s| s.as_bytes().to_vec()),
+        mtu,
+        timeout: Duration::from_secs(60),
+        ..CmConfig::default()
+    };
+    let mr = buffer(&pd)?;
+    let bi = BufferInfo {
+        addr: mr.addr(),
+        rkey: mr.rkey(),
+        len: mr.len() as u64,
+    };
+    let qp = pd.create_qp(&QpInitAttr {
+        send_cq: &cq,
+        recv_cq: &cq,
+        cap: QpCap {
+            max_send_wr: tx_depth.max(1),
+            max_recv_wr: 512,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        qp_type: QpType::Rc,
+        sq_sig_all: false,
+    })?;
+    let conn = match server {
+        Some(s) => {
+            let ip: IpAddr = s
+                .parse()
+                .with_context(|| format!("server {s}: not an IP address"))?;
+            cm::connect(SocketAddr::new(ip, a.port), &qp, Some(bi), &cfg)?
+        }
+        None => {
+            let any: IpAddr = if dev.gid(0)?.gid.to_ip().is_ipv4() {
+                "0.0.0.0"
+            } else {
+                "::"
+            }
+            .parse()?;
+            Listener::bind(SocketAddr::new(any, a.port))?.accept(&qp, Some(bi), &cfg)?
+        }
+    };
+    Ok(Session {
+        dev,
+        ctx,
+        cq,
+        mr,
+        qp,
+        conn,
+        is_client: server.is_some(),
+        _pd: pd,
+    })
+}
