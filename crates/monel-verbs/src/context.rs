@@ -160,6 +160,13 @@ pub(crate) struct Core {
     pub(crate) counters: DeviceCounters,
     /// Stats of destroyed QPs, so device totals never go backwards.
     pub(crate) retired: QpStats,
+    /// QPs that received packets since an application thread last serviced them.
+    pub(crate) dirty: Vec<u32>,
+    /// QPs whose transmissions (ACKs, mostly) an application thread deferred, so they can
+    /// leave with its next post in one batch.
+    pub(crate) pending_tx: Vec<u32>,
+    /// When the progress thread next wakes on its own (`None`: only when rung).
+    pub(crate) engine_wake_at: Option<monel_rc::Instant>,
     next_id: u32,
 }
 
@@ -173,6 +180,8 @@ pub(crate) struct DevShared {
     pub(crate) doorbell: EventFd,
     pub(crate) stop: AtomicBool,
     pub(crate) epoch: std::time::Instant,
+    /// Application threads waiting on a CQ (and so driving the sockets).
+    pub(crate) callers: std::sync::atomic::AtomicUsize,
 }
 
 impl DevShared {
@@ -215,6 +224,7 @@ impl Context {
             doorbell,
             stop: AtomicBool::new(false),
             epoch: std::time::Instant::now(),
+            callers: Default::default(),
         });
         let s2 = shared.clone();
         let thread = std::thread::Builder::new()
@@ -261,7 +271,11 @@ impl Context {
         let mut core = self.shared.core();
         core.next_id += 1;
         Ok(CompletionQueue {
-            shared: Arc::new(CqShared::new(core.next_id, cqe)),
+            shared: Arc::new(CqShared::new(
+                core.next_id,
+                cqe,
+                Arc::downgrade(&self.shared),
+            )?),
         })
     }
 
@@ -705,7 +719,7 @@ impl QueuePair {
                 .post_send(wr)
                 .map_err(|e| VerbsError::new("ibv_post_send", ErrorKind::Post(e)))
         })?;
-        self.shared.ring();
+        crate::engine::kick(&self.shared, self.qpn);
         Ok(())
     }
 
@@ -771,7 +785,7 @@ impl QueuePair {
             slot.inline_next = slot.inline_next.wrapping_add(1);
             Ok(())
         })?;
-        self.shared.ring();
+        crate::engine::kick(&self.shared, self.qpn);
         Ok(())
     }
 
@@ -782,7 +796,7 @@ impl QueuePair {
                 .post_recv(wr)
                 .map_err(|e| VerbsError::new("ibv_post_recv", ErrorKind::Post(e)))
         })?;
-        self.shared.ring();
+        // Nothing to send: a requester that drew an RNR NAK retries on its own timer.
         Ok(())
     }
 
@@ -799,7 +813,12 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
+        // ACKs deferred to batch with a next post that will not come go out now.
+        if self.shared.core().pending_tx.contains(&self.qpn) {
+            crate::engine::kick(&self.shared, self.qpn);
+        }
         let mut core = self.shared.core();
+        core.pending_tx.retain(|&q| q != self.qpn);
         if let Some(slot) = core.qps.remove(&self.qpn) {
             let st = slot.qp.stats();
             core.retired += st;

@@ -2,10 +2,16 @@
 //! reported as an asynchronous error.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use monel_rc::WorkCompletion;
+use nix::sys::eventfd::{EfdFlags, EventFd};
+
+use crate::context::DevShared;
+use crate::error::{Result, VerbsError};
 
 #[derive(Debug, Default)]
 struct CqState {
@@ -22,17 +28,42 @@ pub(crate) struct CqShared {
     capacity: usize,
     state: Mutex<CqState>,
     cv: Condvar,
+    /// The completion channel: written once per `req_notify` when a completion arrives.
+    pub(crate) channel: EventFd,
+    armed: AtomicBool,
+    /// The device, whose sockets a waiting thread drives.
+    dev: Weak<DevShared>,
 }
 
 impl CqShared {
-    pub(crate) fn new(id: u32, capacity: usize) -> Self {
-        Self {
+    pub(crate) fn new(id: u32, capacity: usize, dev: Weak<DevShared>) -> Result<Self> {
+        let channel = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+            .map_err(|e| VerbsError::io("ibv_create_comp_channel", e))?;
+        Ok(Self {
             id,
             capacity,
             state: Mutex::new(CqState::default()),
             cv: Condvar::new(),
-        }
+            channel,
+            armed: AtomicBool::new(false),
+            dev,
+        })
     }
+
+    pub(crate) fn has_completions(&self) -> bool {
+        !self
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .wcs
+            .is_empty()
+    }
+
+    /// Arms the channel: the next completion writes it (`ibv_req_notify_cq`).
+    pub(crate) fn req_notify(&self) {
+        self.armed.store(true, Ordering::Release);
+    }
+
     /// Adds completions; returns false (and drops the overflow) if the queue was full.
     pub(crate) fn push(&self, wcs: impl IntoIterator<Item = WorkCompletion>) -> bool {
         let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -50,6 +81,9 @@ impl CqShared {
         if any {
             s.events += 1;
             self.cv.notify_all();
+            if self.armed.swap(false, Ordering::AcqRel) {
+                let _ = self.channel.write(1);
+            }
         }
         ok
     }
@@ -80,9 +114,16 @@ impl CompletionQueue {
         n
     }
     /// Blocks until a completion is queued or `timeout` passes (`ibv_req_notify_cq` plus
-    /// `ibv_get_cq_event` on a completion channel). Returns true if one is queued.
+    /// `ibv_get_cq_event` on a completion channel). Returns true if one is queued. Unless the
+    /// device busy-polls, the waiting thread receives and processes the device's packets
+    /// itself, so the packet that completes the work wakes it with no hop between threads.
     pub fn wait(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
+        if let Some(dev) = self.shared.dev.upgrade() {
+            if !dev.config.busy_poll {
+                return crate::engine::wait_cq(&dev, &self.shared, deadline);
+            }
+        }
         let mut s = self
             .shared
             .state
@@ -129,5 +170,24 @@ impl CompletionQueue {
     /// Capacity (`cqe`).
     pub fn capacity(&self) -> usize {
         self.shared.capacity
+    }
+
+    /// Arms the completion channel (`ibv_req_notify_cq`): the next completion makes the
+    /// channel's file descriptor ([`AsFd`]) readable, for epoll loops.
+    pub fn req_notify(&self) {
+        self.shared.req_notify();
+    }
+
+    /// Consumes the channel's pending notification (`ibv_get_cq_event`); returns true if
+    /// there was one.
+    pub fn get_event(&self) -> bool {
+        self.shared.channel.read().is_ok()
+    }
+}
+
+impl AsFd for CompletionQueue {
+    /// The completion channel's file descriptor (`ibv_comp_channel.fd`).
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.shared.channel.as_fd()
     }
 }

@@ -16,6 +16,7 @@ use nix::poll::{PollFd, PollFlags, ppoll};
 use nix::sys::time::TimeSpec;
 
 use crate::context::{Core, DevShared, device_event};
+use crate::cq::CqShared;
 use crate::mr::PdMemory;
 use crate::netio::{RxBatch, RxMeta, TX_HEADROOM, TxBatch};
 
@@ -93,6 +94,13 @@ impl IcrcChecker {
     }
 }
 
+fn time_min(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, y) => x.or(y),
+    }
+}
+
 fn now(shared: &DevShared) -> Instant {
     Instant::from_nanos(shared.epoch.elapsed().as_nanos() as u64)
 }
@@ -100,7 +108,42 @@ fn now(shared: &DevShared) -> Instant {
 /// The longest the progress thread sleeps with nothing to do.
 const MAX_SLEEP_NS: u64 = 100_000_000;
 
-/// The progress loop; returns when the context is dropped.
+/// How long the progress thread sleeps at most while an application thread drives the
+/// sockets (it then watches only its doorbell and timers).
+const CALLER_SLEEP_NS: u64 = 1_000_000;
+
+/// The I/O state of an application thread that drives progress itself (see [`wait_cq`]).
+struct CallerIo {
+    rx: RxBatch,
+    tx: TxBatch,
+    icrc: IcrcChecker,
+}
+
+thread_local! {
+    static CALLER_IO: std::cell::RefCell<Option<CallerIo>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with this thread's I/O state (batches of `batch` datagrams).
+fn with_caller_io<R>(batch: usize, f: impl FnOnce(&mut CallerIo) -> R) -> R {
+    CALLER_IO.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.as_ref().is_none_or(|io| io.rx.bufs.len() != batch) {
+            *c = Some(CallerIo {
+                rx: RxBatch::new(batch),
+                tx: TxBatch::new(batch),
+                icrc: IcrcChecker::new(),
+            });
+        }
+        match c.as_mut() {
+            Some(io) => f(io),
+            None => unreachable!("set above"),
+        }
+    })
+}
+
+/// The progress loop; returns when the context is dropped. While an application thread waits
+/// on a CQ it drives the sockets itself ([`wait_cq`]); this thread then keeps only the timers
+/// and the doorbell, so one datagram never wakes two threads.
 pub(crate) fn run(shared: &DevShared) {
     // Timers of microseconds need the kernel to wake us when asked (default slack: 50 us).
     let _ = nix::sys::prctl::set_timerslack(1_000);
@@ -109,64 +152,179 @@ pub(crate) fn run(shared: &DevShared) {
     let mut tx = TxBatch::new(n);
     let mut icrc = IcrcChecker::new();
     let mut next_timer: Option<Instant> = None;
-    let mut fds: Vec<PollFd<'_>> = shared
-        .sockets
-        .socks
+    let socks = &shared.sockets.socks;
+    let mut fds: Vec<PollFd<'_>> = socks
         .iter()
         .map(|s| PollFd::new(s.udp.as_fd(), PollFlags::POLLIN))
         .chain([PollFd::new(shared.doorbell.as_fd(), PollFlags::POLLIN)])
         .collect();
     loop {
         if shared.stop.load(Ordering::Acquire) {
+            // Last words: what application threads deferred.
+            service(shared, &mut tx, None, true);
             return;
         }
+        let callers = shared.callers.load(Ordering::Acquire) > 0;
         if !shared.config.busy_poll {
             // Nanosecond timeouts: pacing gaps and retransmit timers are microseconds apart.
-            let wait_ns = match next_timer {
-                None => MAX_SLEEP_NS,
-                Some(t) => t
-                    .as_nanos()
-                    .saturating_sub(now(shared).as_nanos())
-                    .min(MAX_SLEEP_NS),
+            let cap = if callers {
+                CALLER_SLEEP_NS
+            } else {
+                MAX_SLEEP_NS
             };
+            let t0 = now(shared).as_nanos();
+            let wait_ns = match next_timer {
+                None => cap,
+                Some(t) => t.as_nanos().saturating_sub(t0).min(cap),
+            };
+            shared.core().engine_wake_at = Some(Instant::from_nanos(t0 + wait_ns));
             let ts = TimeSpec::from_duration(std::time::Duration::from_nanos(wait_ns));
-            let _ = ppoll(&mut fds, Some(ts), None);
+            let set = if callers {
+                &mut fds[socks.len()..]
+            } else {
+                &mut fds[..]
+            };
+            let _ = ppoll(set, Some(ts), None);
             let _ = shared.doorbell.read();
         }
-        // Receive.
-        for (si, sock) in shared.sockets.socks.iter().enumerate() {
-            loop {
-                let got = rx.recv(sock);
-                if got == 0 {
-                    break;
-                }
-                let mut core = shared.core();
-                core.counters.rx_batches += 1;
-                let mut mrs = shared.mrs.lock().unwrap_or_else(PoisonError::into_inner);
-                let t = now(shared);
-                for i in 0..got {
-                    let m = rx.meta[i];
-                    deliver(
-                        &mut core,
-                        &mut mrs,
-                        &mut icrc,
-                        si,
-                        sock.local,
-                        m,
-                        &rx.bufs[i][..m.len],
-                        t,
-                    );
-                }
-                drop(mrs);
-                drop(core);
-                if got < n {
-                    break;
-                }
-            }
+        // An application thread that started waiting while this one slept owns the sockets.
+        if shared.callers.load(Ordering::Acquire) == 0 {
+            receive_all(shared, &mut rx, &mut icrc);
         }
         // Timers, transmit, completions.
-        next_timer = service(shared, &mut tx);
+        next_timer = service(shared, &mut tx, None, true);
     }
+}
+
+/// Reads every socket dry, delivering to the QPs. Returns the datagrams read.
+fn receive_all(shared: &DevShared, rx: &mut RxBatch, icrc: &mut IcrcChecker) -> usize {
+    let n = rx.bufs.len();
+    let mut total = 0;
+    for (si, sock) in shared.sockets.socks.iter().enumerate() {
+        loop {
+            let got = rx.recv(sock);
+            if got == 0 {
+                break;
+            }
+            total += got;
+            let mut core = shared.core();
+            core.counters.rx_batches += 1;
+            let mut mrs = shared.mrs.lock().unwrap_or_else(PoisonError::into_inner);
+            let t = now(shared);
+            for i in 0..got {
+                let m = rx.meta[i];
+                deliver(
+                    &mut core,
+                    &mut mrs,
+                    icrc,
+                    si,
+                    sock.local,
+                    m,
+                    &rx.bufs[i][..m.len],
+                    t,
+                );
+            }
+            drop(mrs);
+            drop(core);
+            if got < n {
+                break;
+            }
+        }
+    }
+    total
+}
+
+/// After a post: sends what QP `qpn` now has on the calling thread, with no hop to the
+/// progress thread, and wakes that thread only if the QP now needs a timer sooner than it
+/// planned to wake. Packet order holds: every transmission happens under the device lock.
+pub(crate) fn kick(shared: &DevShared, qpn: u32) {
+    if shared.config.busy_poll {
+        return;
+    }
+    let next = with_caller_io(shared.config.batch, |io| {
+        let mut list = std::mem::take(&mut shared.core().pending_tx);
+        if !list.contains(&qpn) {
+            list.push(qpn);
+        }
+        service(shared, &mut io.tx, Some(&list), true)
+    });
+    wake_engine_if_sooner(shared, next);
+}
+
+fn wake_engine_if_sooner(shared: &DevShared, next: Option<Instant>) {
+    let Some(t) = next else { return };
+    let planned = shared.core().engine_wake_at;
+    if planned.is_none_or(|p| t < p) {
+        shared.ring();
+    }
+}
+
+/// Blocks until `cq` has a completion or `deadline` passes, driving the device's sockets on
+/// this thread meanwhile. The datagram that completes a work request wakes the thread
+/// waiting for it directly.
+pub(crate) fn wait_cq(shared: &DevShared, cq: &CqShared, deadline: std::time::Instant) -> bool {
+    let batch = shared.config.batch;
+    shared.callers.fetch_add(1, Ordering::AcqRel);
+    let got = loop {
+        if cq.has_completions() {
+            break true;
+        }
+        // Not returning yet: what was deferred goes out now.
+        let pending = std::mem::take(&mut shared.core().pending_tx);
+        if !pending.is_empty() {
+            let next = with_caller_io(batch, |io| {
+                service(shared, &mut io.tx, Some(&pending), true)
+            });
+            wake_engine_if_sooner(shared, next);
+        }
+        let now_w = std::time::Instant::now();
+        if now_w >= deadline {
+            break false;
+        }
+        // Receive and process; responses wait in `pending_tx` for the caller's next post
+        // (or the next pass here), so an ACK and the reply it precedes leave together.
+        let progressed = with_caller_io(batch, |io| {
+            if receive_all(shared, &mut io.rx, &mut io.icrc) == 0 {
+                return false;
+            }
+            let dirty = std::mem::take(&mut shared.core().dirty);
+            let next = service(shared, &mut io.tx, Some(&dirty), false);
+            wake_engine_if_sooner(shared, next);
+            true
+        });
+        if progressed {
+            continue;
+        }
+        // Nothing waiting: sleep on the sockets and the CQ's channel (the progress thread
+        // may complete work for this CQ through a timer).
+        cq.req_notify();
+        if cq.has_completions() {
+            break true;
+        }
+        let mut fds: Vec<PollFd<'_>> = shared
+            .sockets
+            .socks
+            .iter()
+            .map(|s| PollFd::new(s.udp.as_fd(), PollFlags::POLLIN))
+            .chain([PollFd::new(cq.channel.as_fd(), PollFlags::POLLIN)])
+            .collect();
+        let ts = TimeSpec::from_duration(deadline - now_w);
+        let _ = ppoll(&mut fds, Some(ts), None);
+        drop(fds);
+        let _ = cq.channel.read();
+    };
+    shared.callers.fetch_sub(1, Ordering::AcqRel);
+    // Deferred transmissions leave with the caller's next post, or within the progress
+    // thread's next pass, which must then come within a millisecond.
+    if !shared.core().pending_tx.is_empty() {
+        wake_engine_if_sooner(
+            shared,
+            Some(Instant::from_nanos(
+                now(shared).as_nanos() + CALLER_SLEEP_NS,
+            )),
+        );
+    }
+    got
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -220,6 +378,9 @@ fn deliver(
         pd: slot.pd,
     };
     slot.qp.handle_packet(t, bytes, ce, &mut mem);
+    if core.dirty.last() != Some(&qpn) {
+        core.dirty.push(qpn);
+    }
 }
 
 fn flush(tx: &mut TxBatch, shared: &DevShared, c: &mut crate::DeviceCounters) {
@@ -229,82 +390,150 @@ fn flush(tx: &mut TxBatch, shared: &DevShared, c: &mut crate::DeviceCounters) {
     c.tx_batches += calls;
 }
 
-/// Runs due timers, transmits, moves completions and events out. Returns the next deadline.
-fn service(shared: &DevShared, tx: &mut TxBatch) -> Option<Instant> {
-    let tc = shared.config.traffic_class();
+/// Runs due timers, transmits (or, without `transmit`, defers the QPs' transmissions to
+/// `pending_tx`), moves completions and events out, for every QP or for the `only` ones.
+/// Returns the earliest deadline of the QPs it looked at.
+fn service(
+    shared: &DevShared,
+    tx: &mut TxBatch,
+    only: Option<&[u32]>,
+    transmit: bool,
+) -> Option<Instant> {
     let mut core = shared.core();
     let mut mrs = shared.mrs.lock().unwrap_or_else(PoisonError::into_inner);
     let t = now(shared);
     let core = &mut *core;
     let mut next: Option<Instant> = None;
-    let mut overflowed = Vec::new();
-    let mut events = Vec::new();
-    for (&qpn, slot) in core.qps.iter_mut() {
-        if slot.qp.poll_timeout().is_some_and(|d| d <= t) {
-            slot.qp.handle_timeout(t);
-        }
-        if let Some((si, peer)) = slot.peer {
-            let local = shared.sockets.socks[si].local;
-            let framing = FrameRepr {
-                src: wire_ip(local.ip()),
-                dst: wire_ip(peer.ip()),
-                src_port: local.port(),
-                dst_port: peer.port(),
-                traffic_class: tc,
-                hop_limit: slot.qp.attr().ah_attr.hop_limit,
-                ident: 0,
-                flow_label: 0,
-            };
-            let start = TX_HEADROOM - framing.header_len();
-            let mem = PdMemory {
-                table: &mut mrs,
-                pd: slot.pd,
-            };
-            loop {
-                if tx.is_full() {
-                    flush(tx, shared, &mut core.counters);
-                }
-                let buf = tx.next_buf();
-                let Some(out) = slot.qp.poll_transmit(t, &mut buf[TX_HEADROOM..], &mem) else {
-                    break;
-                };
-                if framing.emit(&mut buf[start..], out.len).is_err() {
-                    core.counters.tx_errors += 1;
-                    continue;
-                }
-                core.counters.tx_bytes += out.len as u64;
-                tx.items.push((si, peer, TX_HEADROOM, out.len));
+    let mut out = Outputs::default();
+    match only {
+        None => {
+            // The progress thread's pass: it will plan its next wake after this, so a
+            // timer armed from here on must ring (a ring before it sleeps ends the sleep).
+            core.engine_wake_at = None;
+            core.dirty.clear();
+            core.pending_tx.clear();
+            for (&qpn, slot) in core.qps.iter_mut() {
+                let d = service_slot(
+                    shared,
+                    tx,
+                    &mut mrs,
+                    &mut core.counters,
+                    &mut out,
+                    qpn,
+                    slot,
+                    t,
+                    true,
+                );
+                next = time_min(next, d);
             }
         }
-        let mut wcs = Vec::new();
-        while let Some(wc) = slot.qp.poll_send_completion() {
-            wcs.push(wc);
-        }
-        if !wcs.is_empty() && !slot.send_cq.push(wcs.drain(..)) {
-            overflowed.push(slot.send_cq.id);
-        }
-        while let Some(wc) = slot.qp.poll_recv_completion() {
-            wcs.push(wc);
-        }
-        if !wcs.is_empty() && !slot.recv_cq.push(wcs.drain(..)) {
-            overflowed.push(slot.recv_cq.id);
-        }
-        while let Some(e) = slot.qp.poll_event() {
-            events.extend(device_event(monel_wire::Qpn::new(qpn), e));
-        }
-        if let Some(d) = slot.qp.poll_timeout() {
-            next = Some(next.map_or(d, |n: Instant| n.min(d)));
+        Some(list) => {
+            for &qpn in list {
+                if let Some(slot) = core.qps.get_mut(&qpn) {
+                    let d = service_slot(
+                        shared,
+                        tx,
+                        &mut mrs,
+                        &mut core.counters,
+                        &mut out,
+                        qpn,
+                        slot,
+                        t,
+                        transmit,
+                    );
+                    next = time_min(next, d);
+                    if !transmit && !core.pending_tx.contains(&qpn) {
+                        core.pending_tx.push(qpn);
+                    }
+                }
+            }
         }
     }
     flush(tx, shared, &mut core.counters);
-    core.events.extend(events);
-    overflowed.dedup();
+    core.events.extend(out.events);
+    out.overflowed.dedup();
     core.events.extend(
-        overflowed
+        out.overflowed
             .into_iter()
             .map(crate::context::AsyncEvent::CqError),
     );
     next
+}
+
+/// Events and overflowed CQs gathered while servicing QPs.
+#[derive(Default)]
+struct Outputs {
+    overflowed: Vec<u32>,
+    events: Vec<crate::context::AsyncEvent>,
+}
+
+/// One QP's timers, transmissions and completions. Returns its next deadline.
+#[allow(clippy::too_many_arguments)]
+fn service_slot(
+    shared: &DevShared,
+    tx: &mut TxBatch,
+    mrs: &mut crate::mr::MrTable,
+    counters: &mut crate::DeviceCounters,
+    out: &mut Outputs,
+    qpn: u32,
+    slot: &mut crate::context::QpSlot,
+    t: Instant,
+    transmit: bool,
+) -> Option<Instant> {
+    if slot.qp.poll_timeout().is_some_and(|d| d <= t) {
+        slot.qp.handle_timeout(t);
+    }
+    if let (true, Some((si, peer))) = (transmit, slot.peer) {
+        let local = shared.sockets.socks[si].local;
+        let framing = FrameRepr {
+            src: wire_ip(local.ip()),
+            dst: wire_ip(peer.ip()),
+            src_port: local.port(),
+            dst_port: peer.port(),
+            traffic_class: shared.config.traffic_class(),
+            hop_limit: slot.qp.attr().ah_attr.hop_limit,
+            ident: 0,
+            flow_label: 0,
+        };
+        let start = TX_HEADROOM - framing.header_len();
+        let mem = PdMemory {
+            table: mrs,
+            pd: slot.pd,
+        };
+        loop {
+            if tx.is_full() {
+                flush(tx, shared, counters);
+            }
+            let buf = tx.next_buf();
+            let Some(o) = slot.qp.poll_transmit(t, &mut buf[TX_HEADROOM..], &mem) else {
+                break;
+            };
+            if framing.emit(&mut buf[start..], o.len).is_err() {
+                counters.tx_errors += 1;
+                continue;
+            }
+            counters.tx_bytes += o.len as u64;
+            tx.items.push((si, peer, TX_HEADROOM, o.len));
+        }
+    }
+    let mut wcs = Vec::new();
+    while let Some(wc) = slot.qp.poll_send_completion() {
+        wcs.push(wc);
+    }
+    if !wcs.is_empty() && !slot.send_cq.push(wcs.drain(..)) {
+        out.overflowed.push(slot.send_cq.id);
+    }
+    while let Some(wc) = slot.qp.poll_recv_completion() {
+        wcs.push(wc);
+    }
+    if !wcs.is_empty() && !slot.recv_cq.push(wcs.drain(..)) {
+        out.overflowed.push(slot.recv_cq.id);
+    }
+    while let Some(e) = slot.qp.poll_event() {
+        out.events
+            .extend(device_event(monel_wire::Qpn::new(qpn), e));
+    }
+    slot.qp.poll_timeout()
 }
 
 #[cfg(test)]

@@ -339,3 +339,59 @@ fn control_path_errors_name_verb_and_attribute() {
         .unwrap_err();
     assert!(e.to_string().contains("sgid_index"), "{e}");
 }
+
+#[test]
+fn completion_channel_fd_becomes_readable_on_a_completion() {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    let (a, b) = pair(50, 24796, Mtu::Mtu1024);
+    let bmr =
+        b.pd.reg_mr(vec![0u8; 64], AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    b.qp.post_recv(RecvWr {
+        wr_id: 7,
+        sg_list: vec![bmr.sge(0, 64)],
+    })
+    .unwrap();
+    // Not armed: nothing to read yet.
+    assert!(!b.cq.get_event());
+    b.cq.req_notify();
+    a.qp.post_send_inline(1, SendOp::Send, b"ring", signaled())
+        .unwrap();
+    // No thread waits on b's CQ, so b's progress thread delivers and writes the channel.
+    let mut fds = [PollFd::new(b.cq.as_fd(), PollFlags::POLLIN)];
+    let n = poll(&mut fds, PollTimeout::from(10_000u16)).unwrap();
+    assert_eq!(n, 1, "channel not readable within 10 s");
+    assert!(b.cq.get_event());
+    assert!(!b.cq.get_event(), "one notification per arming");
+    let wc = b.cq.poll(1);
+    assert_eq!(wc.len(), 1);
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status, wc[0].byte_len),
+        (7, WcStatus::Success, 4)
+    );
+    assert_eq!(a.cq.poll_n(1, T).len(), 1);
+}
+
+#[test]
+fn an_ack_deferred_by_a_waiting_thread_still_goes_out_when_its_qp_is_dropped() {
+    let (a, b) = pair(60, 24797, Mtu::Mtu1024);
+    let bmr =
+        b.pd.reg_mr(vec![0u8; 64], AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    b.qp.post_recv(RecvWr {
+        wr_id: 1,
+        sg_list: vec![bmr.sge(0, 64)],
+    })
+    .unwrap();
+    a.qp.post_send_inline(2, SendOp::Send, b"last", signaled())
+        .unwrap();
+    // b's thread receives the SEND itself; its ACK waits for a post that never comes.
+    assert_eq!(b.cq.poll_n(1, T).len(), 1);
+    drop(b);
+    // The ACK left before b's QP went away, so a's SEND completes (no retransmission).
+    let wc = a.cq.poll_n(1, T);
+    assert_eq!(wc.len(), 1);
+    assert_eq!((wc[0].wr_id, wc[0].status), (2, WcStatus::Success));
+    assert_eq!(a.qp.stats().unwrap().timeouts, 0);
+}
