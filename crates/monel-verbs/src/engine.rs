@@ -405,48 +405,37 @@ fn service(
     let core = &mut *core;
     let mut next: Option<Instant> = None;
     let mut out = Outputs::default();
-    match only {
+    let all: Vec<u32>;
+    let list: &[u32] = match only {
         None => {
             // The progress thread's pass: it will plan its next wake after this, so a
             // timer armed from here on must ring (a ring before it sleeps ends the sleep).
             core.engine_wake_at = None;
             core.dirty.clear();
             core.pending_tx.clear();
-            for (&qpn, slot) in core.qps.iter_mut() {
-                let d = service_slot(
-                    shared,
-                    tx,
-                    &mut mrs,
-                    &mut core.counters,
-                    &mut out,
-                    qpn,
-                    slot,
-                    t,
-                    true,
-                );
-                next = time_min(next, d);
-            }
+            all = core.qps.keys().copied().collect();
+            &all
         }
-        Some(list) => {
-            for &qpn in list {
-                if let Some(slot) = core.qps.get_mut(&qpn) {
-                    let d = service_slot(
-                        shared,
-                        tx,
-                        &mut mrs,
-                        &mut core.counters,
-                        &mut out,
-                        qpn,
-                        slot,
-                        t,
-                        transmit,
-                    );
-                    next = time_min(next, d);
-                    if !transmit && !core.pending_tx.contains(&qpn) {
-                        core.pending_tx.push(qpn);
-                    }
-                }
-            }
+        Some(l) => l,
+    };
+    for &qpn in list {
+        let Some(slot) = core.qps.get_mut(&qpn) else {
+            continue;
+        };
+        let d = service_slot(
+            shared,
+            tx,
+            &mut mrs,
+            &mut core.counters,
+            &mut out,
+            qpn,
+            slot,
+            t,
+            transmit,
+        );
+        next = time_min(next, d);
+        if !transmit && !core.pending_tx.contains(&qpn) {
+            core.pending_tx.push(qpn);
         }
     }
     flush(tx, shared, &mut core.counters);
