@@ -344,7 +344,7 @@ fn control_path_errors_name_verb_and_attribute() {
 fn completion_channel_fd_becomes_readable_on_a_completion() {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use std::os::fd::AsFd;
-    let (a, b) = pair(50, 24796, Mtu::Mtu1024);
+    let (a, b) = pair(110, 24820, Mtu::Mtu1024);
     let bmr =
         b.pd.reg_mr(vec![0u8; 64], AccessFlags::LOCAL_WRITE)
             .unwrap();
@@ -375,7 +375,7 @@ fn completion_channel_fd_becomes_readable_on_a_completion() {
 
 #[test]
 fn an_ack_deferred_by_a_waiting_thread_still_goes_out_when_its_qp_is_dropped() {
-    let (a, b) = pair(60, 24797, Mtu::Mtu1024);
+    let (a, b) = pair(120, 24821, Mtu::Mtu1024);
     let bmr =
         b.pd.reg_mr(vec![0u8; 64], AccessFlags::LOCAL_WRITE)
             .unwrap();
