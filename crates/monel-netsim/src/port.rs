@@ -75,10 +75,7 @@ impl Port {
             .front()
             .map(|f| self.tx_free_at + self.link.tx_time(f.len()));
         let rx = self.in_flight.peek().map(|r| r.0.0);
-        match (tx, rx) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        monel_rc::time::earliest(tx, rx)
     }
 
     /// Bytes waiting in the queue (the one being serialized included).

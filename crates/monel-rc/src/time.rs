@@ -44,8 +44,8 @@ impl AddAssign<Duration> for Instant {
     }
 }
 
-/// The earlier of two optional deadlines.
-pub(crate) fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+/// The earlier of two optional deadlines (`None`: no deadline).
+pub fn earliest<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
     match (a, b) {
         (Some(x), Some(y)) => Some(x.min(y)),
         (x, None) => x,

@@ -33,6 +33,17 @@ struct SwitchPort {
     counters: PortCounters,
 }
 
+impl SwitchPort {
+    /// UDP goes through the impaired egress model; everything else straight out.
+    fn queue(&mut self, now: Duration, udp: bool, frame: Vec<u8>) {
+        if udp {
+            self.egress.enqueue(now, frame);
+        } else {
+            self.bypass.push_back(frame);
+        }
+    }
+}
+
 /// A learning Ethernet switch with an impaired egress model on every port.
 #[derive(Debug)]
 pub struct Switch {
@@ -102,28 +113,18 @@ impl Switch {
             // ICRC does not cover the UDP checksum).
             monel_wire::frame::fill_l4_checksum(&mut frame[ETH_HEADER..]);
         }
-        let out: Vec<usize> = match self.macs.get(&dst) {
+        match self.macs.get(&dst) {
             Some(&to) if dst[0] & 1 == 0 => {
-                if to == from {
-                    return;
+                if to != from {
+                    self.ports[to].queue(now, udp, frame);
                 }
-                vec![to]
             }
-            _ => (0..self.ports.len()).filter(|&i| i != from).collect(),
-        };
-        let last = out.len().saturating_sub(1);
-        let mut frame = Some(frame);
-        for (k, to) in out.into_iter().enumerate() {
-            let f = if k == last {
-                frame.take().unwrap_or_default()
-            } else {
-                frame.clone().unwrap_or_default()
-            };
-            let port = &mut self.ports[to];
-            if udp {
-                port.egress.enqueue(now, f);
-            } else {
-                port.bypass.push_back(f);
+            _ => {
+                // Broadcast, multicast or unknown: every other port gets a copy.
+                let n = self.ports.len();
+                for to in (0..n).filter(|&i| i != from) {
+                    self.ports[to].queue(now, udp, frame.clone());
+                }
             }
         }
     }
@@ -143,21 +144,18 @@ impl Switch {
     }
 
     /// When [`poll_egress`](Self::poll_egress) next has something, if anything is pending
-    /// (`Duration::ZERO`-ish past times mean now).
+    /// (a time already past means now).
     pub fn poll_timeout(&self) -> Option<Duration> {
-        let mut t: Option<Duration> = None;
-        for p in &self.ports {
-            let next = if p.bypass.is_empty() {
-                p.egress.poll_timeout()
-            } else {
-                Some(Duration::ZERO)
-            };
-            t = match (t, next) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-        }
-        t
+        self.ports
+            .iter()
+            .filter_map(|p| {
+                if p.bypass.is_empty() {
+                    p.egress.poll_timeout()
+                } else {
+                    Some(Duration::ZERO)
+                }
+            })
+            .min()
     }
 
     /// Port `i`'s egress model counters (drops, marks, faults, deepest queue).

@@ -45,6 +45,10 @@ pub fn run(ports: &[String], link: LinkConfig, seed: u64, stop: &AtomicBool) -> 
     let start = Instant::now();
     let mut buf = vec![0u8; 65536];
     let mut tx_overruns = 0u64;
+    let mut fds: Vec<PollFd<'_>> = socks
+        .iter()
+        .map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN))
+        .collect();
     while !stop.load(Ordering::Relaxed) {
         let now = start.elapsed();
         while let Some((p, f)) = sw.poll_egress(now) {
@@ -56,21 +60,12 @@ pub fn run(ports: &[String], link: LinkConfig, seed: u64, stop: &AtomicBool) -> 
             Some(t) => t.saturating_sub(start.elapsed()).min(MAX_SLEEP),
             None => MAX_SLEEP,
         };
-        let mut fds: Vec<PollFd<'_>> = socks
-            .iter()
-            .map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN))
-            .collect();
         match ppoll(&mut fds, Some(TimeSpec::from_duration(sleep)), None) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => return Err(e.into()),
         }
-        let ready: Vec<bool> = fds
-            .iter()
-            .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
-            .collect();
-        drop(fds);
-        for (i, s) in socks.iter().enumerate() {
-            if !ready[i] {
+        for (i, (s, fd)) in socks.iter().zip(&fds).enumerate() {
+            if fd.revents().is_none_or(|r| r.is_empty()) {
                 continue;
             }
             for _ in 0..RX_BURST {

@@ -818,7 +818,6 @@ impl Drop for QueuePair {
             crate::engine::kick(&self.shared, self.qpn);
         }
         let mut core = self.shared.core();
-        core.pending_tx.retain(|&q| q != self.qpn);
         if let Some(slot) = core.qps.remove(&self.qpn) {
             let st = slot.qp.stats();
             core.retired += st;

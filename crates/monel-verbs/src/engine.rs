@@ -10,6 +10,7 @@ use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
 
 use monel_rc::Instant;
+use monel_rc::time::earliest;
 use monel_wire::icrc::{self, Ipv4IdBasis};
 use monel_wire::{FrameRepr, ICRC_LEN, IpAddress, RocePacket};
 use nix::poll::{PollFd, PollFlags, ppoll};
@@ -94,13 +95,6 @@ impl IcrcChecker {
     }
 }
 
-fn time_min(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
-    match (a, b) {
-        (Some(x), Some(y)) => Some(x.min(y)),
-        (x, y) => x.or(y),
-    }
-}
-
 fn now(shared: &DevShared) -> Instant {
     Instant::from_nanos(shared.epoch.elapsed().as_nanos() as u64)
 }
@@ -127,17 +121,14 @@ thread_local! {
 fn with_caller_io<R>(batch: usize, f: impl FnOnce(&mut CallerIo) -> R) -> R {
     CALLER_IO.with(|c| {
         let mut c = c.borrow_mut();
-        if c.as_ref().is_none_or(|io| io.rx.bufs.len() != batch) {
-            *c = Some(CallerIo {
-                rx: RxBatch::new(batch),
-                tx: TxBatch::new(batch),
-                icrc: IcrcChecker::new(),
-            });
+        if c.as_ref().is_some_and(|io| io.rx.bufs.len() != batch) {
+            *c = None;
         }
-        match c.as_mut() {
-            Some(io) => f(io),
-            None => unreachable!("set above"),
-        }
+        f(c.get_or_insert_with(|| CallerIo {
+            rx: RxBatch::new(batch),
+            tx: TxBatch::new(batch),
+            icrc: IcrcChecker::new(),
+        }))
     })
 }
 
@@ -161,7 +152,7 @@ pub(crate) fn run(shared: &DevShared) {
     loop {
         if shared.stop.load(Ordering::Acquire) {
             // Last words: what application threads deferred.
-            service(shared, &mut tx, None, true);
+            service(shared, &mut tx, Scope::All);
             return;
         }
         let callers = shared.callers.load(Ordering::Acquire) > 0;
@@ -192,7 +183,7 @@ pub(crate) fn run(shared: &DevShared) {
             receive_all(shared, &mut rx, &mut icrc);
         }
         // Timers, transmit, completions.
-        next_timer = service(shared, &mut tx, None, true);
+        next_timer = service(shared, &mut tx, Scope::All);
     }
 }
 
@@ -238,25 +229,16 @@ fn receive_all(shared: &DevShared, rx: &mut RxBatch, icrc: &mut IcrcChecker) -> 
 /// progress thread, and wakes that thread only if the QP now needs a timer sooner than it
 /// planned to wake. Packet order holds: every transmission happens under the device lock.
 pub(crate) fn kick(shared: &DevShared, qpn: u32) {
-    if shared.config.busy_poll {
-        return;
+    if !shared.config.busy_poll {
+        with_caller_io(shared.config.batch, |io| {
+            service(shared, &mut io.tx, Scope::Posted(qpn))
+        });
     }
-    let next = with_caller_io(shared.config.batch, |io| {
-        let mut list = std::mem::take(&mut shared.core().pending_tx);
-        if !list.contains(&qpn) {
-            list.push(qpn);
-        }
-        service(shared, &mut io.tx, Some(&list), true)
-    });
-    wake_engine_if_sooner(shared, next);
 }
 
-fn wake_engine_if_sooner(shared: &DevShared, next: Option<Instant>) {
-    let Some(t) = next else { return };
-    let planned = shared.core().engine_wake_at;
-    if planned.is_none_or(|p| t < p) {
-        shared.ring();
-    }
+/// True if a deadline at `t` comes before the progress thread's planned wake-up.
+fn engine_late(core: &Core, t: Instant) -> bool {
+    core.engine_wake_at.is_none_or(|p| t < p)
 }
 
 /// Blocks until `cq` has a completion or `deadline` passes, driving the device's sockets on
@@ -264,19 +246,20 @@ fn wake_engine_if_sooner(shared: &DevShared, next: Option<Instant>) {
 /// waiting for it directly.
 pub(crate) fn wait_cq(shared: &DevShared, cq: &CqShared, deadline: std::time::Instant) -> bool {
     let batch = shared.config.batch;
+    let mut fds: Vec<PollFd<'_>> = shared
+        .sockets
+        .socks
+        .iter()
+        .map(|s| PollFd::new(s.udp.as_fd(), PollFlags::POLLIN))
+        .chain([PollFd::new(cq.channel.as_fd(), PollFlags::POLLIN)])
+        .collect();
     shared.callers.fetch_add(1, Ordering::AcqRel);
     let got = loop {
         if cq.has_completions() {
             break true;
         }
         // Not returning yet: what was deferred goes out now.
-        let pending = std::mem::take(&mut shared.core().pending_tx);
-        if !pending.is_empty() {
-            let next = with_caller_io(batch, |io| {
-                service(shared, &mut io.tx, Some(&pending), true)
-            });
-            wake_engine_if_sooner(shared, next);
-        }
+        with_caller_io(batch, |io| service(shared, &mut io.tx, Scope::Deferred));
         let now_w = std::time::Instant::now();
         if now_w >= deadline {
             break false;
@@ -284,13 +267,11 @@ pub(crate) fn wait_cq(shared: &DevShared, cq: &CqShared, deadline: std::time::In
         // Receive and process; responses wait in `pending_tx` for the caller's next post
         // (or the next pass here), so an ACK and the reply it precedes leave together.
         let progressed = with_caller_io(batch, |io| {
-            if receive_all(shared, &mut io.rx, &mut io.icrc) == 0 {
-                return false;
+            let got = receive_all(shared, &mut io.rx, &mut io.icrc);
+            if got > 0 {
+                service(shared, &mut io.tx, Scope::Received);
             }
-            let dirty = std::mem::take(&mut shared.core().dirty);
-            let next = service(shared, &mut io.tx, Some(&dirty), false);
-            wake_engine_if_sooner(shared, next);
-            true
+            got > 0
         });
         if progressed {
             continue;
@@ -301,28 +282,20 @@ pub(crate) fn wait_cq(shared: &DevShared, cq: &CqShared, deadline: std::time::In
         if cq.has_completions() {
             break true;
         }
-        let mut fds: Vec<PollFd<'_>> = shared
-            .sockets
-            .socks
-            .iter()
-            .map(|s| PollFd::new(s.udp.as_fd(), PollFlags::POLLIN))
-            .chain([PollFd::new(cq.channel.as_fd(), PollFlags::POLLIN)])
-            .collect();
         let ts = TimeSpec::from_duration(deadline - now_w);
         let _ = ppoll(&mut fds, Some(ts), None);
-        drop(fds);
         let _ = cq.channel.read();
     };
     shared.callers.fetch_sub(1, Ordering::AcqRel);
     // Deferred transmissions leave with the caller's next post, or within the progress
     // thread's next pass, which must then come within a millisecond.
-    if !shared.core().pending_tx.is_empty() {
-        wake_engine_if_sooner(
-            shared,
-            Some(Instant::from_nanos(
-                now(shared).as_nanos() + CALLER_SLEEP_NS,
-            )),
-        );
+    let ring = {
+        let core = shared.core();
+        let soon = Instant::from_nanos(now(shared).as_nanos() + CALLER_SLEEP_NS);
+        !core.pending_tx.is_empty() && engine_late(&core, soon)
+    };
+    if ring {
+        shared.ring();
     }
     got
 }
@@ -390,35 +363,53 @@ fn flush(tx: &mut TxBatch, shared: &DevShared, c: &mut crate::DeviceCounters) {
     c.tx_batches += calls;
 }
 
-/// Runs due timers, transmits (or, without `transmit`, defers the QPs' transmissions to
-/// `pending_tx`), moves completions and events out, for every QP or for the `only` ones.
-/// Returns the earliest deadline of the QPs it looked at.
-fn service(
-    shared: &DevShared,
-    tx: &mut TxBatch,
-    only: Option<&[u32]>,
-    transmit: bool,
-) -> Option<Instant> {
-    let mut core = shared.core();
-    let mut mrs = shared.mrs.lock().unwrap_or_else(PoisonError::into_inner);
-    let t = now(shared);
-    let core = &mut *core;
-    let mut next: Option<Instant> = None;
-    let mut out = Outputs::default();
-    let all: Vec<u32>;
-    let list: &[u32] = match only {
-        None => {
-            // The progress thread's pass: it will plan its next wake after this, so a
-            // timer armed from here on must ring (a ring before it sleeps ends the sleep).
+/// Which QPs a [`service`] pass looks at.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// Every QP: the progress thread's pass (it plans its next wake-up from the result).
+    All,
+    /// The QPs that received packets; their transmissions are deferred to `pending_tx`.
+    Received,
+    /// A QP just posted to, with the deferred ones.
+    Posted(u32),
+    /// The deferred ones.
+    Deferred,
+}
+
+/// Runs due timers, transmits (or defers), moves completions and events out, for the QPs
+/// `scope` names. Returns the earliest deadline among them; outside the progress thread's
+/// own pass, rings it if that deadline comes before it planned to wake.
+fn service(shared: &DevShared, tx: &mut TxBatch, scope: Scope) -> Option<Instant> {
+    let mut guard = shared.core();
+    let core = &mut *guard;
+    let list: Vec<u32> = match scope {
+        Scope::All => {
+            // A timer armed after this pass and before the thread plans its sleep must ring
+            // (a ring before it sleeps ends the sleep).
             core.engine_wake_at = None;
             core.dirty.clear();
             core.pending_tx.clear();
-            all = core.qps.keys().copied().collect();
-            &all
+            core.qps.keys().copied().collect()
         }
-        Some(l) => l,
+        Scope::Received => std::mem::take(&mut core.dirty),
+        Scope::Posted(qpn) => {
+            let mut l = std::mem::take(&mut core.pending_tx);
+            if !l.contains(&qpn) {
+                l.push(qpn);
+            }
+            l
+        }
+        Scope::Deferred => std::mem::take(&mut core.pending_tx),
     };
-    for &qpn in list {
+    if list.is_empty() {
+        return None;
+    }
+    let transmit = scope != Scope::Received;
+    let mut mrs = shared.mrs.lock().unwrap_or_else(PoisonError::into_inner);
+    let t = now(shared);
+    let mut next: Option<Instant> = None;
+    let mut out = Outputs::default();
+    for &qpn in &list {
         let Some(slot) = core.qps.get_mut(&qpn) else {
             continue;
         };
@@ -433,12 +424,13 @@ fn service(
             t,
             transmit,
         );
-        next = time_min(next, d);
+        next = earliest(next, d);
         if !transmit && !core.pending_tx.contains(&qpn) {
             core.pending_tx.push(qpn);
         }
     }
     flush(tx, shared, &mut core.counters);
+    drop(mrs);
     core.events.extend(out.events);
     out.overflowed.dedup();
     core.events.extend(
@@ -446,6 +438,11 @@ fn service(
             .into_iter()
             .map(crate::context::AsyncEvent::CqError),
     );
+    let ring = scope != Scope::All && next.is_some_and(|d| engine_late(core, d));
+    drop(guard);
+    if ring {
+        shared.ring();
+    }
     next
 }
 

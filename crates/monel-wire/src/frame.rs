@@ -190,14 +190,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Header<T> {
 }
 
 fn ipv4_checksum(h: &[u8]) -> u16 {
-    let mut sum = 0u32;
-    for pair in h.chunks_exact(2) {
-        sum += u32::from(u16::from_be_bytes([pair[0], pair[1]]));
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
+    !fold(sum16(h))
 }
 
 header_view!(
@@ -466,13 +459,17 @@ pub fn fill_l4_checksum(datagram: &mut [u8]) -> bool {
         return false;
     }
     set16(l4, at, 0);
-    let mut sum = pseudo + u32::from(proto) + sum16(l4);
+    let c = !fold(pseudo + u32::from(proto) + sum16(l4));
+    set16(l4, at, if c == 0 && proto == 17 { 0xffff } else { c });
+    true
+}
+
+/// Folds a one's-complement sum's carries into 16 bits.
+fn fold(mut sum: u32) -> u16 {
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
     }
-    let c = !(sum as u16);
-    set16(l4, at, if c == 0 && proto == 17 { 0xffff } else { c });
-    true
+    sum as u16
 }
 
 /// One's-complement sum of big-endian 16-bit words (an odd tail byte is padded with zero),
@@ -740,10 +737,7 @@ mod tests {
                 } else {
                     sum16(&ip[8..40]) + 17 + (n - 40) as u32
                 };
-                let mut sum = pseudo + sum16(&buf[hl - 8..n]);
-                while sum > 0xffff {
-                    sum = (sum & 0xffff) + (sum >> 16);
-                }
+                let sum = fold(pseudo + sum16(&buf[hl - 8..n]));
                 assert_eq!(sum, 0xffff, "{s:?} payload {payload}");
             }
         }
