@@ -104,6 +104,7 @@ pub(crate) fn open(
         },
         qp_type: QpType::Rc,
         sq_sig_all: false,
+        srq: None,
     })?;
     let conn = match server {
         Some(s) => {

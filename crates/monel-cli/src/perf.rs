@@ -162,13 +162,16 @@ fn udp(a: &PerfArgs) -> anyhow::Result<()> {
         size
     };
     let mut buf = vec![0x5au8; dgram.max(8)];
+    // --busy: spin on a non-blocking socket, as the soft RNIC's busy-polling waits do.
+    let busy = a.conn.busy && !bw;
+    sock.set_nonblocking(busy)?;
     match &a.server {
         None => {
             // Receiver / echo server: runs until the client's zero-length "end" datagram.
             sock.set_read_timeout(Some(Duration::from_secs(60)))?;
             let (mut bytes, mut t0) = (0u64, None);
             loop {
-                let (n, from) = sock.recv_from(&mut buf)?;
+                let (n, from) = recv_spin(&sock, &mut buf, busy)?;
                 if n == 0 {
                     if let (true, Some(t)) = (bw, t0) {
                         let s = Instant::now().duration_since(t).as_secs_f64();
@@ -238,7 +241,7 @@ fn udp(a: &PerfArgs) -> anyhow::Result<()> {
                 for _ in 0..n {
                     let t = Instant::now();
                     sock.send_to(&buf, to)?;
-                    sock.recv(&mut r)?;
+                    recv_spin(&sock, &mut r, busy)?;
                     samples.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
                 }
                 sock.send_to(&[], to)?;
@@ -247,6 +250,26 @@ fn udp(a: &PerfArgs) -> anyhow::Result<()> {
                 println!("{}", LatReport { size, samples }.row());
             }
             Ok(())
+        }
+    }
+}
+
+/// Receives one datagram: blocking, or (`busy`) spinning on a non-blocking socket for up to
+/// 60 s.
+fn recv_spin(sock: &UdpSocket, buf: &mut [u8], busy: bool) -> std::io::Result<(usize, SocketAddr)> {
+    if !busy {
+        return sock.recv_from(buf);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match sock.recv_from(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() > deadline {
+                    return Err(e);
+                }
+                std::hint::spin_loop();
+            }
+            r => return r,
         }
     }
 }

@@ -3,7 +3,7 @@
 use core::fmt;
 use core::ops::{BitAnd, BitOr, BitOrAssign, Not};
 
-use monel_wire::{PKey, Psn, Qpn};
+use monel_wire::{PKey, Psn, QKey, Qpn};
 
 use crate::memory::AccessFlags;
 
@@ -225,6 +225,8 @@ pub struct QpAttr {
     pub max_rd_atomic: u8,
     /// Outstanding READ/atomic requests this QP accepts as responder.
     pub max_dest_rd_atomic: u8,
+    /// Q_Key (UD QPs): incoming datagrams must carry it.
+    pub qkey: QKey,
 }
 
 /// Why a modify call was refused.

@@ -36,6 +36,7 @@ mod requester;
 mod responder;
 mod stats;
 pub mod time;
+pub mod ud;
 mod wr;
 
 pub use attr::{AddressVector, AttrMask, ModifyError, Mtu, QpAttr, QpState};
@@ -44,6 +45,7 @@ pub use memory::{AccessFlags, MemoryAccess, VecMemory};
 pub use qp::{QpCaps, QpEvent, RcQp, Transmit, TransmitKind};
 pub use stats::QpStats;
 pub use time::Instant;
+pub use ud::{GRH_LEN, UdDest, UdQp, UdTransmit};
 pub use wr::{
     PostError, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus,
     WorkCompletion,

@@ -419,6 +419,29 @@ impl RcQp {
         self.check_drained();
     }
 
+    /// True if `packet`, handed to [`handle_packet`](Self::handle_packet) now, would need a
+    /// receive WQE this QP does not have: an in-sequence SEND (first or only) or RDMA WRITE
+    /// with immediate (last or only) while the receive queue is empty. A QP attached to a
+    /// shared receive queue takes one from it exactly then.
+    pub fn needs_recv_for(&self, packet: &[u8]) -> bool {
+        use monel_wire::opcode::Operation::*;
+        let Ok(pkt) = RocePacket::new_checked(packet) else {
+            return false;
+        };
+        let op = pkt.opcode();
+        if op.transport() != Transport::Rc
+            || !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+            || !self.resp.rq.is_empty()
+            || pkt.bth().psn() != self.resp.psn
+        {
+            return false;
+        }
+        matches!(
+            op.operation(),
+            Some(SendFirst | SendOnly | SendOnlyImm | SendOnlyInv | WriteOnlyImm | WriteLastImm)
+        )
+    }
+
     fn check_drained(&mut self) {
         if self.state == QpState::Sqd && !self.drained_notified && !self.req.outstanding() {
             self.drained_notified = true;

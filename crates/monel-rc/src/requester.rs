@@ -181,6 +181,7 @@ impl Requester {
                 invalidated_rkey: None,
                 qp_num: self.qpn,
                 src_qp: self.dest_qp,
+                grh: false,
             });
         }
         if self.next_wqe == 0 {

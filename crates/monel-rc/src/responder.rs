@@ -202,6 +202,7 @@ impl Responder {
             invalidated_rkey,
             qp_num: self.qpn,
             src_qp: self.dest_qp,
+            grh: false,
         });
     }
 

@@ -42,6 +42,10 @@ pub struct QpStats {
     pub dropped: u64,
     /// Immediate retries after a response gap on a READ/atomic.
     pub fast_retries: u64,
+    /// UD datagrams dropped for a wrong Q_Key.
+    pub qkey_violations: u64,
+    /// UD datagrams dropped because no receive was posted.
+    pub no_recv_drops: u64,
 }
 
 impl core::ops::AddAssign for QpStats {
@@ -66,5 +70,7 @@ impl core::ops::AddAssign for QpStats {
         self.cnps_received += o.cnps_received;
         self.dropped += o.dropped;
         self.fast_retries += o.fast_retries;
+        self.qkey_violations += o.qkey_violations;
+        self.no_recv_drops += o.no_recv_drops;
     }
 }

@@ -176,6 +176,8 @@ pub struct WorkCompletion {
     pub qp_num: Qpn,
     /// The remote QP (receives).
     pub src_qp: Qpn,
+    /// The receive buffer starts with 40 bytes of GRH (UD receives; `IBV_WC_GRH`).
+    pub grh: bool,
 }
 
 impl WorkCompletion {
@@ -203,6 +205,8 @@ pub enum PostError {
     MessageTooLong,
     /// An atomic whose local SGE list is not exactly 8 bytes.
     BadAtomicLength,
+    /// An operation this QP type does not have (UD: SEND and SEND with immediate only).
+    UnsupportedOp,
 }
 
 impl core::fmt::Display for PostError {
@@ -213,6 +217,7 @@ impl core::fmt::Display for PostError {
             Self::TooManySge => f.write_str("post: more SGEs than max_sge"),
             Self::MessageTooLong => f.write_str("post: message longer than 2^31 bytes"),
             Self::BadAtomicLength => f.write_str("post: atomic needs exactly one 8-byte SGE"),
+            Self::UnsupportedOp => f.write_str("post: operation not supported on this QP type"),
         }
     }
 }

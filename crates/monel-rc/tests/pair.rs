@@ -262,7 +262,8 @@ fn send_recv_multi_packet_message() {
             imm: Some(0xabcd),
             invalidated_rkey: None,
             qp_num: Qpn::new(0x22),
-            src_qp: Qpn::new(0x11)
+            src_qp: Qpn::new(0x11),
+            grh: false,
         }]
     );
     assert_eq!(p.b.mem.bytes(p.b.buf + 8192, 4000), &data[..]);

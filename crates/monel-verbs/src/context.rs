@@ -9,8 +9,8 @@ use std::thread::JoinHandle;
 
 use monel_rc::congestion::CongestionConfig;
 use monel_rc::{
-    AccessFlags, AttrMask, Mtu, QpAttr, QpCaps, QpEvent, QpState, QpStats, RcQp, RecvWr, SendFlags,
-    SendOp, SendWr, Sge,
+    AccessFlags, AddressVector, AttrMask, Mtu, QpAttr, QpCaps, QpEvent, QpState, QpStats, RcQp,
+    RecvWr, SendFlags, SendOp, SendWr, Sge, UdQp,
 };
 use monel_wire::{LKey, Psn, Qpn};
 use nix::sys::eventfd::{EfdFlags, EventFd};
@@ -21,6 +21,8 @@ use crate::device::{Device, Gid, is_link_local};
 use crate::error::{ErrorKind, Result, VerbsError};
 use crate::mr::{Backing, MemoryRegion, MrShared, MrTable, random_key};
 use crate::netio::Sockets;
+use crate::qp_kind::QpKind;
+use crate::srq::{SharedReceiveQueue, SrqState};
 
 /// Device limits (`ibv_device_attr`, the part Monel enforces).
 pub mod limits {
@@ -43,7 +45,8 @@ pub mod limits {
 pub struct ContextConfig {
     /// UDP port to bind and to send to (RoCEv2: 4791).
     pub udp_port: u16,
-    /// Busy-poll the sockets instead of sleeping (lower latency, one core spinning).
+    /// Threads waiting on a CQ spin on the sockets instead of sleeping (lower latency, one
+    /// core spinning per waiting thread; the progress thread still sleeps between timers).
     pub busy_poll: bool,
     /// DSCP for outgoing packets.
     pub dscp: u8,
@@ -87,6 +90,9 @@ pub enum AsyncEvent {
     QpFatal(Qpn),
     /// A CQ overflowed and lost a completion (`IBV_EVENT_CQ_ERR`).
     CqError(u32),
+    /// An SRQ fell below its armed limit (`IBV_EVENT_SRQ_LIMIT_REACHED`); the limit is now
+    /// disarmed.
+    SrqLimitReached(u32),
 }
 
 /// Queue pair transport (`ibv_qp_type`).
@@ -94,6 +100,9 @@ pub enum AsyncEvent {
 pub enum QpType {
     /// Reliable connection.
     Rc,
+    /// Unreliable datagram: one-packet SENDs to any QP with the Q_Key, each with its own
+    /// address handle ([`QueuePair::post_send_ud`]).
+    Ud,
 }
 
 /// Queue sizes (`ibv_qp_cap`).
@@ -136,16 +145,20 @@ pub struct QpInitAttr<'a> {
     pub qp_type: QpType,
     /// Every send generates a completion, whatever its flags.
     pub sq_sig_all: bool,
+    /// Take receives from this shared receive queue (RC only; same PD) instead of the QP's own.
+    pub srq: Option<&'a SharedReceiveQueue>,
 }
 
 /// One QP as the device holds it.
 #[derive(Debug)]
 pub(crate) struct QpSlot {
-    pub(crate) qp: RcQp,
+    pub(crate) qp: QpKind,
     pub(crate) pd: u32,
     pub(crate) send_cq: Arc<CqShared>,
     pub(crate) recv_cq: Arc<CqShared>,
     pub(crate) sq_sig_all: bool,
+    /// The SRQ this QP draws receives from.
+    pub(crate) srq: Option<u32>,
     /// Socket index and address of the peer, set at RTR.
     pub(crate) peer: Option<(usize, SocketAddr)>,
     pub(crate) inline: Option<(Arc<MrShared>, u32)>,
@@ -167,7 +180,17 @@ pub(crate) struct Core {
     pub(crate) pending_tx: Vec<u32>,
     /// When the progress thread next wakes on its own (`None`: only when rung).
     pub(crate) engine_wake_at: Option<monel_rc::Instant>,
+    /// Shared receive queues by handle.
+    pub(crate) srqs: HashMap<u32, SrqState>,
     next_id: u32,
+}
+
+impl Core {
+    /// A handle number not used before on this device.
+    pub(crate) fn fresh_id(&mut self) -> u32 {
+        self.next_id += 1;
+        self.next_id
+    }
 }
 
 #[derive(Debug)]
@@ -182,16 +205,62 @@ pub(crate) struct DevShared {
     pub(crate) epoch: std::time::Instant,
     /// Application threads waiting on a CQ (and so driving the sockets).
     pub(crate) callers: std::sync::atomic::AtomicUsize,
+    /// Held while a thread reads the sockets and delivers what it read, so two threads
+    /// never deliver one socket's datagrams out of order.
+    pub(crate) rx_lock: Mutex<()>,
+    /// When an application thread last polled a CQ (ns since `epoch`).
+    pub(crate) last_poll_ns: std::sync::atomic::AtomicU64,
 }
 
 impl DevShared {
     pub(crate) fn core(&self) -> MutexGuard<'_, Core> {
         self.core.lock().unwrap_or_else(PoisonError::into_inner)
     }
-    pub(crate) fn ring(&self) {
-        if !self.config.busy_poll {
-            let _ = self.doorbell.write(1);
+    /// Where packets with address vector `av` go: the socket of its source GID and the
+    /// destination's UDP address. Errors name `verb`.
+    pub(crate) fn resolve_av(
+        &self,
+        verb: &'static str,
+        av: &AddressVector,
+    ) -> Result<(usize, SocketAddr)> {
+        let dev = &self.device;
+        let sgid = dev.gid(av.sgid_index).map_err(|_| {
+            VerbsError::invalid(
+                verb,
+                format!(
+                    "ah_attr.grh.sgid_index {} not in the GID table",
+                    av.sgid_index
+                ),
+            )
+        })?;
+        let dgid = Gid(av.dgid);
+        let (sip, dip) = (sgid.gid.to_ip(), dgid.to_ip());
+        if sip.is_ipv4() != dip.is_ipv4() {
+            return Err(VerbsError::invalid(
+                verb,
+                format!(
+                    "ah_attr.grh.dgid {dgid} and sgid {} differ in IP family",
+                    sgid.gid
+                ),
+            ));
         }
+        if !dgid.is_global() {
+            return Err(VerbsError::invalid(
+                verb,
+                "ah_attr.grh.dgid has a zero interface ID",
+            ));
+        }
+        let mut dst = SocketAddr::new(dip, self.config.udp_port);
+        if let SocketAddr::V6(s6) = &mut dst {
+            if is_link_local(&dip) {
+                s6.set_scope_id(sgid.ifindex);
+            }
+        }
+        Ok((usize::from(av.sgid_index), dst))
+    }
+
+    pub(crate) fn ring(&self) {
+        let _ = self.doorbell.write(1);
     }
 }
 
@@ -225,6 +294,8 @@ impl Context {
             stop: AtomicBool::new(false),
             epoch: std::time::Instant::now(),
             callers: Default::default(),
+            rx_lock: Mutex::new(()),
+            last_poll_ns: Default::default(),
         });
         let s2 = shared.clone();
         let thread = std::thread::Builder::new()
@@ -317,8 +388,8 @@ impl Drop for Context {
 /// A protection domain (`ibv_pd`): regions and QPs of one PD see only each other.
 #[derive(Debug, Clone)]
 pub struct ProtectionDomain {
-    shared: Arc<DevShared>,
-    id: u32,
+    pub(crate) shared: Arc<DevShared>,
+    pub(crate) id: u32,
 }
 
 fn check_access(verb: &'static str, access: AccessFlags) -> Result<()> {
@@ -445,6 +516,20 @@ impl ProtectionDomain {
             ..QpCaps::default()
         };
         let mut core = self.shared.core();
+        if let Some(srq) = init.srq {
+            if init.qp_type != QpType::Rc {
+                return Err(VerbsError::invalid(
+                    V,
+                    "init_attr.srq: SRQs serve RC QPs only",
+                ));
+            }
+            if srq.pd != self.id || !core.srqs.contains_key(&srq.id) {
+                return Err(VerbsError::invalid(
+                    V,
+                    "init_attr.srq belongs to another protection domain or device",
+                ));
+            }
+        }
         if core.qps.len() >= limits::MAX_QP {
             return Err(VerbsError::new(
                 V,
@@ -468,16 +553,32 @@ impl ProtectionDomain {
             let q = k & 0xff_ffff;
             q < 0x11 || q == 0xff_ffff || core.qps.contains_key(&q)
         }) & 0xff_ffff;
+        let engine = match init.qp_type {
+            QpType::Rc => QpKind::Rc(RcQp::new(
+                Qpn::new(qpn),
+                caps,
+                self.shared.config.congestion,
+            )),
+            QpType::Ud => QpKind::Ud(UdQp::new(
+                Qpn::new(qpn),
+                caps,
+                self.shared.device.port_attr().active_mtu.bytes(),
+            )),
+        };
         let slot = QpSlot {
-            qp: RcQp::new(Qpn::new(qpn), caps, self.shared.config.congestion),
+            qp: engine,
             pd: self.id,
             send_cq: init.send_cq.shared.clone(),
             recv_cq: init.recv_cq.shared.clone(),
             sq_sig_all: init.sq_sig_all,
+            srq: init.srq.map(|q| q.id),
             peer: None,
             inline,
             inline_next: 0,
         };
+        if let Some(s) = slot.srq.and_then(|id| core.srqs.get_mut(&id)) {
+            s.users += 1;
+        }
         core.qps.insert(qpn, slot);
         Ok(QueuePair {
             shared: self.shared.clone(),
@@ -550,8 +651,8 @@ pub fn random_psn() -> Psn {
 /// A queue pair (`ibv_qp`).
 #[derive(Debug)]
 pub struct QueuePair {
-    shared: Arc<DevShared>,
-    qpn: u32,
+    pub(crate) shared: Arc<DevShared>,
+    pub(crate) qpn: u32,
     cap: QpCap,
 }
 
@@ -569,7 +670,7 @@ impl QueuePair {
         self.cap
     }
 
-    fn with_slot<R>(
+    pub(crate) fn with_slot<R>(
         &self,
         verb: &'static str,
         f: impl FnOnce(&mut QpSlot) -> Result<R>,
@@ -585,42 +686,8 @@ impl QueuePair {
     /// required and allowed masks.
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
         const V: &str = "ibv_modify_qp";
-        let dev = &self.shared.device;
         let peer = if mask.contains(AttrMask::AV) {
-            let av = attr.ah_attr;
-            let sgid = dev.gid(av.sgid_index).map_err(|_| {
-                VerbsError::invalid(
-                    V,
-                    format!(
-                        "ah_attr.grh.sgid_index {} not in the GID table",
-                        av.sgid_index
-                    ),
-                )
-            })?;
-            let dgid = Gid(av.dgid);
-            let (sip, dip) = (sgid.gid.to_ip(), dgid.to_ip());
-            if sip.is_ipv4() != dip.is_ipv4() {
-                return Err(VerbsError::invalid(
-                    V,
-                    format!(
-                        "ah_attr.grh.dgid {dgid} and sgid {} differ in IP family",
-                        sgid.gid
-                    ),
-                ));
-            }
-            if !dgid.is_global() {
-                return Err(VerbsError::invalid(
-                    V,
-                    "ah_attr.grh.dgid has a zero interface ID",
-                ));
-            }
-            let mut dst = SocketAddr::new(dip, self.shared.config.udp_port);
-            if let SocketAddr::V6(s6) = &mut dst {
-                if is_link_local(&dip) {
-                    s6.set_scope_id(sgid.ifindex);
-                }
-            }
-            Some((usize::from(av.sgid_index), dst))
+            Some(self.shared.resolve_av(V, &attr.ah_attr)?)
         } else {
             None
         };
@@ -716,6 +783,7 @@ impl QueuePair {
                 wr.flags.signaled = true;
             }
             slot.qp
+                .rc("ibv_post_send")?
                 .post_send(wr)
                 .map_err(|e| VerbsError::new("ibv_post_send", ErrorKind::Post(e)))
         })?;
@@ -780,6 +848,7 @@ impl QueuePair {
                 flags,
             };
             slot.qp
+                .rc(V)?
                 .post_send(wr)
                 .map_err(|e| VerbsError::new(V, ErrorKind::Post(e)))?;
             slot.inline_next = slot.inline_next.wrapping_add(1);
@@ -792,6 +861,12 @@ impl QueuePair {
     /// Posts a receive work request (`ibv_post_recv`).
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         self.with_slot("ibv_post_recv", |slot| {
+            if slot.srq.is_some() {
+                return Err(VerbsError::invalid(
+                    "ibv_post_recv",
+                    "the QP takes its receives from an SRQ (post to the SRQ)",
+                ));
+            }
             slot.qp
                 .post_recv(wr)
                 .map_err(|e| VerbsError::new("ibv_post_recv", ErrorKind::Post(e)))
@@ -807,7 +882,11 @@ impl QueuePair {
 
     /// This QP's congestion controller state (DCQCN's rate, target, alpha; CNPs seen).
     pub fn congestion(&self) -> Result<monel_rc::congestion::ControllerMetrics> {
-        self.with_slot("ibv_query_qp", |s| Ok(s.qp.congestion()))
+        self.with_slot("ibv_query_qp", |s| {
+            s.qp.congestion().ok_or_else(|| {
+                VerbsError::invalid("ibv_query_qp", "a UD QP has no congestion control")
+            })
+        })
     }
 }
 
@@ -821,6 +900,11 @@ impl Drop for QueuePair {
         if let Some(slot) = core.qps.remove(&self.qpn) {
             let st = slot.qp.stats();
             core.retired += st;
+            if let Some(id) = slot.srq {
+                if core.srqs.get_mut(&id).is_some_and(SrqState::detach) {
+                    core.srqs.remove(&id);
+                }
+            }
             if let Some((mr, _)) = slot.inline {
                 self.shared
                     .mrs

@@ -19,6 +19,8 @@ struct CqState {
     overflowed: bool,
     /// Incremented on every push; waiters compare.
     events: u64,
+    /// Threads blocked on the condition variable (busy-poll devices only).
+    sleepers: usize,
 }
 
 /// The part of a CQ the progress engine shares.
@@ -64,6 +66,11 @@ impl CqShared {
         self.armed.store(true, Ordering::Release);
     }
 
+    /// Disarms the channel without consuming a notification already written.
+    pub(crate) fn disarm(&self) {
+        self.armed.store(false, Ordering::Release);
+    }
+
     /// Adds completions; returns false (and drops the overflow) if the queue was full.
     pub(crate) fn push(&self, wcs: impl IntoIterator<Item = WorkCompletion>) -> bool {
         let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -80,7 +87,10 @@ impl CqShared {
         }
         if any {
             s.events += 1;
-            self.cv.notify_all();
+            // A futex wake costs a system call even with nobody to wake.
+            if s.sleepers > 0 {
+                self.cv.notify_all();
+            }
             if self.armed.swap(false, Ordering::AcqRel) {
                 let _ = self.channel.write(1);
             }
@@ -102,8 +112,15 @@ impl CompletionQueue {
         self.poll_into(max, &mut out);
         out
     }
-    /// Appends up to `max` completions to `out`; returns how many.
+    /// Appends up to `max` completions to `out`; returns how many. When the queue is empty,
+    /// the calling thread first receives and processes what the device's sockets hold
+    /// (without blocking), as a NIC would have done meanwhile.
     pub fn poll_into(&self, max: usize, out: &mut Vec<WorkCompletion>) -> usize {
+        if !self.shared.has_completions() {
+            if let Some(dev) = self.shared.dev.upgrade() {
+                crate::engine::progress_once(&dev);
+            }
+        }
         let mut s = self
             .shared
             .state
@@ -114,16 +131,16 @@ impl CompletionQueue {
         n
     }
     /// Blocks until a completion is queued or `timeout` passes (`ibv_req_notify_cq` plus
-    /// `ibv_get_cq_event` on a completion channel). Returns true if one is queued. Unless the
-    /// device busy-polls, the waiting thread receives and processes the device's packets
-    /// itself, so the packet that completes the work wakes it with no hop between threads.
+    /// `ibv_get_cq_event` on a completion channel). Returns true if one is queued. The
+    /// waiting thread receives and processes the device's packets itself, so the packet that
+    /// completes the work wakes it with no hop between threads; on a busy-polling device it
+    /// spins on the sockets instead of sleeping.
     pub fn wait(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         if let Some(dev) = self.shared.dev.upgrade() {
-            if !dev.config.busy_poll {
-                return crate::engine::wait_cq(&dev, &self.shared, deadline);
-            }
+            return crate::engine::wait_cq(&dev, &self.shared, deadline);
         }
+        // The context is gone: only what is queued can still arrive (nothing).
         let mut s = self
             .shared
             .state
@@ -134,12 +151,14 @@ impl CompletionQueue {
             if now >= deadline {
                 return false;
             }
+            s.sleepers += 1;
             s = self
                 .shared
                 .cv
                 .wait_timeout(s, deadline - now)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
+            s.sleepers -= 1;
         }
         true
     }

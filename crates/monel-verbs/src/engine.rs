@@ -1,7 +1,8 @@
 //! The progress engine: the thread that plays the NIC. It receives batches of datagrams,
 //! checks and demultiplexes them to QPs, runs timers, gathers outgoing packets from every
 //! QP with work, frames them (IP/UDP pseudo-headers for the ICRC) and sends them in batches.
-//! It sleeps in poll(2) on the sockets and the doorbell unless busy-polling.
+//! It sleeps in poll(2) on the sockets and the doorbell. Application threads that wait on or
+//! poll a CQ drive the sockets themselves meanwhile (busy-polling devices spin there).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -20,6 +21,7 @@ use crate::context::{Core, DevShared, device_event};
 use crate::cq::CqShared;
 use crate::mr::PdMemory;
 use crate::netio::{RxBatch, RxMeta, TX_HEADROOM, TxBatch};
+use crate::qp_kind::QpKind;
 
 fn wire_ip(ip: IpAddr) -> IpAddress {
     match ip {
@@ -106,6 +108,10 @@ const MAX_SLEEP_NS: u64 = 100_000_000;
 /// sockets (it then watches only its doorbell and timers).
 const CALLER_SLEEP_NS: u64 = 1_000_000;
 
+/// For this long after an application thread polled a CQ, the progress thread wakes at least
+/// every [`CALLER_SLEEP_NS`].
+const POLLED_NS: u64 = 10_000_000;
+
 /// The I/O state of an application thread that drives progress itself (see [`wait_cq`]).
 struct CallerIo {
     rx: RxBatch,
@@ -156,28 +162,29 @@ pub(crate) fn run(shared: &DevShared) {
             return;
         }
         let callers = shared.callers.load(Ordering::Acquire) > 0;
-        if !shared.config.busy_poll {
-            // Nanosecond timeouts: pacing gaps and retransmit timers are microseconds apart.
-            let cap = if callers {
-                CALLER_SLEEP_NS
-            } else {
-                MAX_SLEEP_NS
-            };
-            let t0 = now(shared).as_nanos();
-            let wait_ns = match next_timer {
-                None => cap,
-                Some(t) => t.as_nanos().saturating_sub(t0).min(cap),
-            };
-            shared.core().engine_wake_at = Some(Instant::from_nanos(t0 + wait_ns));
-            let ts = TimeSpec::from_duration(std::time::Duration::from_nanos(wait_ns));
-            let set = if callers {
-                &mut fds[socks.len()..]
-            } else {
-                &mut fds[..]
-            };
-            let _ = ppoll(set, Some(ts), None);
-            let _ = shared.doorbell.read();
-        }
+        let t0 = now(shared).as_nanos();
+        // Nanosecond timeouts: pacing gaps and retransmit timers are microseconds apart.
+        // While application threads poll, they may leave ACKs for this thread's next pass.
+        let polled = t0.saturating_sub(shared.last_poll_ns.load(Ordering::Relaxed)) < POLLED_NS;
+        let cap = if callers || polled {
+            CALLER_SLEEP_NS
+        } else {
+            MAX_SLEEP_NS
+        };
+        let wait_ns = match next_timer {
+            None => cap,
+            Some(t) => t.as_nanos().saturating_sub(t0).min(cap),
+        };
+        shared.core().engine_wake_at = Some(Instant::from_nanos(t0 + wait_ns));
+        let ts = TimeSpec::from_duration(std::time::Duration::from_nanos(wait_ns));
+        // While application threads drive the sockets, a datagram must not wake this one too.
+        let set = if callers || polled {
+            &mut fds[socks.len()..]
+        } else {
+            &mut fds[..]
+        };
+        let _ = ppoll(set, Some(ts), None);
+        let _ = shared.doorbell.read();
         // An application thread that started waiting while this one slept owns the sockets.
         if shared.callers.load(Ordering::Acquire) == 0 {
             receive_all(shared, &mut rx, &mut icrc);
@@ -190,6 +197,10 @@ pub(crate) fn run(shared: &DevShared) {
 /// Reads every socket dry, delivering to the QPs. Returns the datagrams read.
 fn receive_all(shared: &DevShared, rx: &mut RxBatch, icrc: &mut IcrcChecker) -> usize {
     let n = rx.bufs.len();
+    let _order = shared
+        .rx_lock
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
     let mut total = 0;
     for (si, sock) in shared.sockets.socks.iter().enumerate() {
         loop {
@@ -229,10 +240,37 @@ fn receive_all(shared: &DevShared, rx: &mut RxBatch, icrc: &mut IcrcChecker) -> 
 /// progress thread, and wakes that thread only if the QP now needs a timer sooner than it
 /// planned to wake. Packet order holds: every transmission happens under the device lock.
 pub(crate) fn kick(shared: &DevShared, qpn: u32) {
-    if !shared.config.busy_poll {
-        with_caller_io(shared.config.batch, |io| {
-            service(shared, &mut io.tx, Scope::Posted(qpn))
-        });
+    with_caller_io(shared.config.batch, |io| {
+        service(shared, &mut io.tx, Scope::Posted(qpn))
+    });
+}
+
+/// One pass of an application thread polling an empty CQ: receives and processes what the
+/// sockets hold without blocking; with nothing received, sends what was deferred.
+pub(crate) fn progress_once(shared: &DevShared) {
+    shared
+        .last_poll_ns
+        .store(now(shared).as_nanos(), Ordering::Relaxed);
+    with_caller_io(shared.config.batch, |io| {
+        if receive_all(shared, &mut io.rx, &mut io.icrc) > 0 {
+            service(shared, &mut io.tx, Scope::Received);
+        } else {
+            service(shared, &mut io.tx, Scope::Deferred);
+        }
+    });
+    hand_over_deferred(shared);
+}
+
+/// Deferred transmissions leave with the caller's next post, or within the progress
+/// thread's next pass, which must then come within a millisecond.
+fn hand_over_deferred(shared: &DevShared) {
+    let ring = {
+        let core = shared.core();
+        let soon = Instant::from_nanos(now(shared).as_nanos() + CALLER_SLEEP_NS);
+        !core.pending_tx.is_empty() && engine_late(&core, soon)
+    };
+    if ring {
+        shared.ring();
     }
 }
 
@@ -276,6 +314,10 @@ pub(crate) fn wait_cq(shared: &DevShared, cq: &CqShared, deadline: std::time::In
         if progressed {
             continue;
         }
+        if shared.config.busy_poll {
+            std::hint::spin_loop();
+            continue;
+        }
         // Nothing waiting: sleep on the sockets and the CQ's channel (the progress thread
         // may complete work for this CQ through a timer).
         cq.req_notify();
@@ -284,19 +326,18 @@ pub(crate) fn wait_cq(shared: &DevShared, cq: &CqShared, deadline: std::time::In
         }
         let ts = TimeSpec::from_duration(deadline - now_w);
         let _ = ppoll(&mut fds, Some(ts), None);
-        let _ = cq.channel.read();
+        // Woken by a datagram: this thread completes its own work, with no channel write.
+        cq.disarm();
+        let signalled = fds
+            .last()
+            .and_then(PollFd::revents)
+            .is_some_and(|r| r.contains(PollFlags::POLLIN));
+        if signalled {
+            let _ = cq.channel.read();
+        }
     };
     shared.callers.fetch_sub(1, Ordering::AcqRel);
-    // Deferred transmissions leave with the caller's next post, or within the progress
-    // thread's next pass, which must then come within a millisecond.
-    let ring = {
-        let core = shared.core();
-        let soon = Instant::from_nanos(now(shared).as_nanos() + CALLER_SLEEP_NS);
-        !core.pending_tx.is_empty() && engine_late(&core, soon)
-    };
-    if ring {
-        shared.ring();
-    }
+    hand_over_deferred(shared);
     got
 }
 
@@ -327,8 +368,11 @@ fn deliver(
         c.unknown_qpn += 1;
         return;
     };
+    // A connected QP takes packets from its peer only; a datagram QP from anyone.
+    let datagram = matches!(slot.qp, QpKind::Ud(_));
     match slot.peer {
         Some((si, peer)) if si == sock_index && peer.ip() == m.src.ip() => {}
+        None if datagram => {}
         _ => {
             c.bad_source += 1;
             return;
@@ -350,7 +394,33 @@ fn deliver(
         table: mrs,
         pd: slot.pd,
     };
-    slot.qp.handle_packet(t, bytes, ce, &mut mem);
+    match &mut slot.qp {
+        QpKind::Rc(q) => {
+            // A QP on a shared receive queue takes a WQE when this packet needs one.
+            if let Some(id) = slot.srq {
+                if q.needs_recv_for(bytes) {
+                    if let Some(wr) = core
+                        .srqs
+                        .get_mut(&id)
+                        .and_then(|s| s.take(id, &mut core.events))
+                    {
+                        let _ = q.post_recv(wr);
+                    }
+                }
+            }
+            q.handle_packet(t, bytes, ce, &mut mem)
+        }
+        QpKind::Ud(q) => {
+            let grh = monel_rc::ud::grh_for(
+                wire_ip(m.src.ip()),
+                wire_ip(local.ip()),
+                m.tos,
+                0,
+                bytes.len(),
+            );
+            q.handle_packet(bytes, &grh, &mut mem);
+        }
+    }
     if core.dirty.last() != Some(&qpn) {
         core.dirty.push(qpn);
     }
@@ -446,6 +516,51 @@ fn service(shared: &DevShared, tx: &mut TxBatch, scope: Scope) -> Option<Instant
     next
 }
 
+/// Frames and queues a UD QP's packets, each to the destination its work request named.
+fn transmit_datagrams(
+    shared: &DevShared,
+    tx: &mut TxBatch,
+    mrs: &mut crate::mr::MrTable,
+    counters: &mut crate::DeviceCounters,
+    pd: u32,
+    ud: &mut monel_rc::UdQp,
+) {
+    let mem = PdMemory { table: mrs, pd };
+    loop {
+        if tx.is_full() {
+            flush(tx, shared, counters);
+        }
+        let buf = tx.next_buf();
+        let Some(o) = ud.poll_transmit(&mut buf[TX_HEADROOM..], &mem) else {
+            break;
+        };
+        // The address handle was checked when it was made; a GID table that changed since
+        // makes this packet undeliverable.
+        let Ok((si, peer)) = shared.resolve_av("ibv_post_send", &o.av) else {
+            counters.tx_errors += 1;
+            continue;
+        };
+        let local = shared.sockets.socks[si].local;
+        let framing = FrameRepr {
+            src: wire_ip(local.ip()),
+            dst: wire_ip(peer.ip()),
+            src_port: local.port(),
+            dst_port: peer.port(),
+            traffic_class: shared.config.traffic_class(),
+            hop_limit: o.av.hop_limit,
+            ident: 0,
+            flow_label: 0,
+        };
+        let start = TX_HEADROOM - framing.header_len();
+        if framing.emit(&mut buf[start..], o.len).is_err() {
+            counters.tx_errors += 1;
+            continue;
+        }
+        counters.tx_bytes += o.len as u64;
+        tx.items.push((si, peer, TX_HEADROOM, o.len));
+    }
+}
+
 /// Events and overflowed CQs gathered while servicing QPs.
 #[derive(Default)]
 struct Outputs {
@@ -469,7 +584,7 @@ fn service_slot(
     if slot.qp.poll_timeout().is_some_and(|d| d <= t) {
         slot.qp.handle_timeout(t);
     }
-    if let (true, Some((si, peer))) = (transmit, slot.peer) {
+    if let (true, Some((si, peer)), QpKind::Rc(rc)) = (transmit, slot.peer, &mut slot.qp) {
         let local = shared.sockets.socks[si].local;
         let framing = FrameRepr {
             src: wire_ip(local.ip()),
@@ -477,7 +592,7 @@ fn service_slot(
             src_port: local.port(),
             dst_port: peer.port(),
             traffic_class: shared.config.traffic_class(),
-            hop_limit: slot.qp.attr().ah_attr.hop_limit,
+            hop_limit: rc.attr().ah_attr.hop_limit,
             ident: 0,
             flow_label: 0,
         };
@@ -491,7 +606,7 @@ fn service_slot(
                 flush(tx, shared, counters);
             }
             let buf = tx.next_buf();
-            let Some(o) = slot.qp.poll_transmit(t, &mut buf[TX_HEADROOM..], &mem) else {
+            let Some(o) = rc.poll_transmit(t, &mut buf[TX_HEADROOM..], &mem) else {
                 break;
             };
             if framing.emit(&mut buf[start..], o.len).is_err() {
@@ -501,6 +616,9 @@ fn service_slot(
             counters.tx_bytes += o.len as u64;
             tx.items.push((si, peer, TX_HEADROOM, o.len));
         }
+    }
+    if let (true, QpKind::Ud(ud)) = (transmit, &mut slot.qp) {
+        transmit_datagrams(shared, tx, mrs, counters, slot.pd, ud);
     }
     let mut wcs = Vec::new();
     while let Some(wc) = slot.qp.poll_send_completion() {

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! Device --open--> Context --alloc_pd--> ProtectionDomain --reg_mr--> MemoryRegion
-//!                     |                         \--create_qp--> QueuePair (RC)
+//!                     |                         |--create_qp--> QueuePair (RC, UD)
+//!                     |                         \--create_ah--> AddressHandle (UD sends)
 //!                     \--create_cq--> CompletionQueue
 //! ```
 //! Control-path calls return [`Result`]s whose errors name the verb and the bad attribute;
@@ -21,7 +22,10 @@ mod mr;
 mod netio;
 pub mod perf;
 pub mod pingpong;
+mod qp_kind;
+mod srq;
 pub mod transfer;
+mod ud;
 
 pub use context::{
     AsyncEvent, ConnectParams, Context, ContextConfig, ProtectionDomain, QpCap, QpInitAttr, QpType,
@@ -32,8 +36,11 @@ pub use cq::CompletionQueue;
 pub use device::{Device, Gid, GidEntry, PortAttr, PortState, devices};
 pub use error::{ErrorKind, Result, VerbsError};
 pub use monel_rc::{
-    AccessFlags, AddressVector, AttrMask, Mtu, QpAttr, QpState, QpStats, RecvWr, RemoteAddr,
-    SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AddressVector, AttrMask, GRH_LEN, Mtu, QpAttr, QpState, QpStats, RecvWr,
+    RemoteAddr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
+pub use monel_wire::QKey;
 pub use monel_wire::{LKey, Psn, Qpn, RKey};
 pub use mr::MemoryRegion;
+pub use srq::{SharedReceiveQueue, SrqAttr};
+pub use ud::{AddressHandle, AhAttr};

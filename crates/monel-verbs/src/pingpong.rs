@@ -196,6 +196,7 @@ pub fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
         },
         qp_type: QpType::Rc,
         sq_sig_all: false,
+        srq: None,
     })?;
     let post_recv = |n: u32| -> Result<u32> {
         for _ in 0..n {

@@ -168,6 +168,7 @@ fn a_thousand_connected_qps_on_one_device() {
             },
             qp_type: QpType::Rc,
             sq_sig_all: true,
+            srq: None,
         })
         .unwrap()
     };

@@ -288,6 +288,7 @@ fn control_path_errors_name_verb_and_attribute() {
         },
         qp_type: QpType::Rc,
         sq_sig_all: false,
+        srq: None,
     };
     let e = pd.create_qp(&init).unwrap_err();
     assert!(e.to_string().contains("max_send_sge"), "{e}");
@@ -394,4 +395,53 @@ fn an_ack_deferred_by_a_waiting_thread_still_goes_out_when_its_qp_is_dropped() {
     assert_eq!(wc.len(), 1);
     assert_eq!((wc[0].wr_id, wc[0].status), (2, WcStatus::Success));
     assert_eq!(a.qp.stats().unwrap().timeouts, 0);
+}
+
+#[test]
+fn a_fenced_write_waits_for_the_read_before_it() {
+    // READ 32 KiB of b's region, then a fenced WRITE over the same bytes: the READ must
+    // return the old contents only. The responder reads memory as it sends each response
+    // packet, so an unfenced WRITE arriving in the same receive batch lands in the middle of
+    // the READ's responses (checked: with `fence: false` this test fails every time).
+    let (a, b) = pair(150, 24822, Mtu::Mtu1024);
+    const N: usize = 32 * 1024;
+    let rw = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let bmr = b.pd.reg_mr(pattern(N, 1), rw).unwrap();
+    let amr = a.pd.reg_mr(vec![0u8; 2 * N], rw).unwrap();
+    amr.write(N, &pattern(N, 2)).unwrap();
+    let remote = RemoteAddr {
+        addr: bmr.addr(),
+        rkey: bmr.rkey(),
+    };
+    a.qp.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Read(remote),
+        sg_list: vec![amr.sge(0, N)],
+        flags: signaled(),
+    })
+    .unwrap();
+    a.qp.post_send(SendWr {
+        wr_id: 2,
+        op: SendOp::Write(remote),
+        sg_list: vec![amr.sge(N, N)],
+        flags: SendFlags {
+            signaled: true,
+            fence: true,
+            ..SendFlags::default()
+        },
+    })
+    .unwrap();
+    let wcs = a.cq.poll_n(2, T);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    let mut got = vec![0u8; N];
+    amr.read(0, &mut got).unwrap();
+    assert!(
+        got == pattern(N, 1),
+        "the READ saw bytes of the fenced WRITE"
+    );
+    bmr.read(0, &mut got).unwrap();
+    assert!(got == pattern(N, 2));
 }

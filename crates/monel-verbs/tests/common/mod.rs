@@ -37,6 +37,7 @@ pub fn side(ip: &str, port: u16) -> Side {
             cap: QpCap::default(),
             qp_type: QpType::Rc,
             sq_sig_all: false,
+            srq: None,
         })
         .unwrap();
     Side {
