@@ -1,7 +1,8 @@
 #!/bin/bash
 # Interoperability with Linux Soft-RoCE, for real: rdma-core's ibv_rc_pingpong on rdma_rxe in
 # a QEMU VM against `monel pingpong` on the host, both directions, path MTU 1024 and 4096,
-# message sizes 1 B to 64 KiB; every packet captured and every ICRC checked by `monel dump`.
+# message sizes 1 B to 64 KiB; then ibv_ud_pingpong against `monel pingpong --ud`, both
+# directions, 1 B to 4 KiB; every packet captured and every ICRC checked by `monel dump`.
 # Run as root (network namespace, tap). Exit 0 only if every run and every ICRC passed.
 #   interop.sh [MONEL_BINARY]
 set -euo pipefail
@@ -56,6 +57,28 @@ for m in $mtus; do for s in $sizes; do
 done; done
 wait $vm || { echo "FAIL B: VM side"; fail=1; }
 grep -E "RUN|usec/iter" "$out/vm-b.txt" | grep -v "Couldn't" | paste - - | sed 's/^/  vm: /'
+
+echo "== C: unreliable datagrams, ibv_ud_pingpong (VM) <-> monel pingpong --ud (host), both ways"
+udsizes=${RXEVM_UD_SIZES:-"1 100 1024 4096"}
+vmcmd="for s in $udsizes; do echo \"RUN srv s=\$s\"; ibv_ud_pingpong -d rxe0 -g \$RXE_GID_IDX -s \$s -n $iters || exit 1; done; for s in $udsizes; do echo \"RUN cli s=\$s\"; n=0; until ibv_ud_pingpong -d rxe0 -g \$RXE_GID_IDX -s \$s -n $iters 10.77.0.1 > /tmp/o 2>&1; do cat /tmp/o; grep -q \"Couldn't connect\" /tmp/o || exit 1; n=\$((n+1)); [ \$n -lt 100 ] || exit 1; sleep 0.3; done; cat /tmp/o; done"
+"$here/run.sh" -M 9000 -T 600 -l "$out/vm-c.log" -c "$vmcmd" > "$out/vm-c.txt" 2>&1 &
+vm=$!
+for s in $udsizes; do
+  if r=$(pp --ud -s "$s" 10.77.0.2 2>&1) && icrc_ok "$r"; then
+    echo "PASS C host-client ud s=$s: $(summary "$r")"
+  else
+    echo "FAIL C host-client ud s=$s: $r"; fail=1
+  fi
+done
+for s in $udsizes; do
+  if r=$(pp --ud -s "$s" 2>&1) && icrc_ok "$r"; then
+    echo "PASS C host-server ud s=$s: $(summary "$r")"
+  else
+    echo "FAIL C host-server ud s=$s: $r"; fail=1
+  fi
+done
+wait $vm || { echo "FAIL C: VM side"; fail=1; }
+grep -E "RUN|usec/iter" "$out/vm-c.txt" | grep -v "Couldn't" | paste - - | sed 's/^/  vm: /'
 
 # Let tcpdump drain, then stop it.
 prev=-1; while [[ $(stat -c %s "$pcap") != "$prev" ]]; do prev=$(stat -c %s "$pcap"); sleep 1; done

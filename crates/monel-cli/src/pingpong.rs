@@ -49,6 +49,9 @@ pub(crate) struct PingpongArgs {
     /// Print device counters at the end.
     #[arg(long)]
     counters: bool,
+    /// Unreliable datagrams: `ibv_ud_pingpong`'s QPs and exchange (size at most the port MTU).
+    #[arg(long)]
+    ud: bool,
 }
 
 fn pick_device(name: Option<&str>) -> anyhow::Result<Device> {
@@ -109,6 +112,7 @@ pub(crate) fn run(a: &PingpongArgs) -> anyhow::Result<()> {
         gid_index,
         validate: a.validate,
         timeout: Duration::from_secs(a.timeout),
+        ud: a.ud,
     };
     let r = pingpong::run(&ctx, &role, &o)?;
     println!("{}", r.lines());

@@ -125,6 +125,38 @@ fn pingpong_between_two_processes_checks_data() {
 }
 
 #[test]
+fn ud_pingpong_between_two_processes_checks_data() {
+    let args = |dev: &'static str| {
+        vec![
+            "pingpong",
+            "--ud",
+            "-d",
+            dev,
+            "-p",
+            "18812",
+            "--udp-port",
+            "24812",
+            "-n",
+            "300",
+            "-s",
+            "4096",
+            "-c",
+        ]
+    };
+    let mut s = args("127.0.1.4");
+    s.push("--counters");
+    let srv = spawn(&s);
+    let mut c = args("127.0.1.5");
+    c.push("127.0.1.4");
+    let (code, out) = monel(&c);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("2457600 bytes in"), "{out}");
+    let (code, sout) = finish(srv);
+    assert_eq!(code, 0, "{sout}");
+    assert!(sout.contains("icrc_errors              0"), "{sout}");
+}
+
+#[test]
 fn perf_tools_run_between_two_processes() {
     for (i, test) in [
         "write-bw",

@@ -1,7 +1,9 @@
 //! `ibv_rc_pingpong`, wire- and exchange-compatible with rdma-core's (v44): the 52-byte
 //! `LID:QPN:PSN:GID` messages over TCP (default port 18515), the 5-byte `"done\0"`, the same
 //! QP attributes, and the same traffic pattern (each side sends its next message once its
-//! last SEND completed and the peer's message arrived).
+//! last SEND completed and the peer's message arrived). With [`Options::ud`] it is
+//! `ibv_ud_pingpong` instead: UD QPs with Q_Key 0x11111111, an address handle to the peer,
+//! and receive buffers 40 bytes longer for the GRH.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -10,7 +12,10 @@ use std::time::{Duration, Instant};
 use crate::context::{ConnectParams, Context, QpCap, QpInitAttr, QpType, RemoteQp, random_psn};
 use crate::device::Gid;
 use crate::error::{ErrorKind, Result, VerbsError};
-use crate::{AccessFlags, Mtu, Psn, Qpn, RecvWr, SendFlags, SendOp, SendWr, WcStatus};
+use crate::{
+    AccessFlags, AddressHandle, AhAttr, GRH_LEN, Mtu, Psn, QKey, Qpn, RecvWr, SendFlags, SendOp,
+    SendWr, WcStatus,
+};
 
 /// rdma-core's default out-of-band port.
 pub const DEFAULT_PORT: u16 = 18515;
@@ -99,6 +104,8 @@ pub struct Options {
     pub validate: bool,
     /// Give up connecting, or waiting for a completion, after this long.
     pub timeout: Duration,
+    /// Unreliable datagrams, as `ibv_ud_pingpong` (messages of at most the port MTU).
+    pub ud: bool,
 }
 
 impl Default for Options {
@@ -112,6 +119,7 @@ impl Default for Options {
             gid_index: 0,
             validate: false,
             timeout: Duration::from_secs(30),
+            ud: false,
         }
     }
 }
@@ -168,6 +176,8 @@ fn read_exact_once(s: &mut TcpStream, n: usize) -> Result<Vec<u8>> {
 }
 
 const SEND_ID: u64 = 2;
+/// The Q_Key `ibv_ud_pingpong` uses.
+pub const UD_QKEY: QKey = QKey(0x1111_1111);
 const RECV_ID: u64 = 1;
 
 /// Runs one rc_pingpong side on `ctx`.
@@ -183,7 +193,9 @@ pub fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
     let cq = ctx.create_cq(o.rx_depth as usize + 1)?;
     // rdma-core fills its buffer with 0x7b; so do we, so either side can check the other.
     let mr = pd.reg_mr(vec![0x7b; o.size], AccessFlags::LOCAL_WRITE)?;
-    let rx = pd.reg_mr(vec![0; o.size], AccessFlags::LOCAL_WRITE)?;
+    // UD receives start with the 40-byte GRH.
+    let grh = if o.ud { GRH_LEN } else { 0 };
+    let rx = pd.reg_mr(vec![0; grh + o.size], AccessFlags::LOCAL_WRITE)?;
     let qp = pd.create_qp(&QpInitAttr {
         send_cq: &cq,
         recv_cq: &cq,
@@ -194,7 +206,7 @@ pub fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
             max_recv_sge: 1,
             max_inline_data: 0,
         },
-        qp_type: QpType::Rc,
+        qp_type: if o.ud { QpType::Ud } else { QpType::Rc },
         sq_sig_all: false,
         srq: None,
     })?;
@@ -202,13 +214,11 @@ pub fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
         for _ in 0..n {
             qp.post_recv(RecvWr {
                 wr_id: RECV_ID,
-                sg_list: vec![rx.sge(0, o.size)],
+                sg_list: vec![rx.sge(0, grh + o.size)],
             })?;
         }
         Ok(n)
     };
-    qp.init(AccessFlags::NONE)?;
-    let mut routs = post_recv(o.rx_depth)?;
     let gid = ctx.device().gid(o.gid_index)?.gid;
     let me = Dest {
         lid: 0,
@@ -216,6 +226,12 @@ pub fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
         psn: random_psn(),
         gid,
     };
+    if o.ud {
+        qp.ready_ud(UD_QKEY, me.psn)?;
+    } else {
+        qp.init(AccessFlags::NONE)?;
+    }
+    let mut routs = post_recv(o.rx_depth)?;
     let params = ConnectParams {
         sgid_index: o.gid_index,
         local_psn: me.psn,
@@ -225,7 +241,18 @@ pub fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
         hop_limit: 1,
         ..ConnectParams::default()
     };
+    // UD: where the peer is (an address handle and its QPN), set at the exchange.
+    let ud_peer: std::cell::RefCell<Option<(AddressHandle, Qpn)>> = Default::default();
     let connect = |peer: &Dest| {
+        if o.ud {
+            let ah = pd.create_ah(&AhAttr {
+                dgid: peer.gid,
+                sgid_index: o.gid_index,
+                hop_limit: 1,
+            })?;
+            *ud_peer.borrow_mut() = Some((ah, peer.qpn));
+            return Ok(());
+        }
         qp.connect(
             &RemoteQp {
                 qpn: peer.qpn,
@@ -277,7 +304,7 @@ pub fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
         }
     };
     let post_send = || {
-        qp.post_send(SendWr {
+        let wr = SendWr {
             wr_id: SEND_ID,
             op: SendOp::Send,
             sg_list: vec![mr.sge(0, o.size)],
@@ -285,7 +312,11 @@ pub fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
                 signaled: true,
                 ..SendFlags::default()
             },
-        })
+        };
+        match &*ud_peer.borrow() {
+            Some((ah, qpn)) => qp.post_send_ud(wr, ah, *qpn, UD_QKEY),
+            None => qp.post_send(wr),
+        }
     };
     let start = Instant::now();
     let mut pending = RECV_ID;
@@ -316,9 +347,9 @@ pub fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
                 RECV_ID => {
                     if o.validate {
                         // Check, then clear: the next message must rewrite every byte.
-                        let ok = wc.byte_len as usize == o.size
+                        let ok = wc.byte_len as usize == grh + o.size
                             && rx.with(|b| {
-                                let ok = b.iter().all(|&x| x == 0x7b);
+                                let ok = b[grh..].iter().all(|&x| x == 0x7b);
                                 b.fill(0);
                                 ok
                             });
@@ -327,7 +358,8 @@ pub fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
                                 V,
                                 format!(
                                     "message {rcnt}: {} bytes, not {} bytes of 0x7b",
-                                    wc.byte_len, o.size
+                                    wc.byte_len - grh as u32,
+                                    o.size
                                 ),
                             ));
                         }
