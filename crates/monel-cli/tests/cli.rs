@@ -133,9 +133,9 @@ fn ud_pingpong_between_two_processes_checks_data() {
             "-d",
             dev,
             "-p",
-            "18812",
+            "18813",
             "--udp-port",
-            "24812",
+            "24814",
             "-n",
             "300",
             "-s",
@@ -143,11 +143,11 @@ fn ud_pingpong_between_two_processes_checks_data() {
             "-c",
         ]
     };
-    let mut s = args("127.0.1.4");
+    let mut s = args("127.0.1.20");
     s.push("--counters");
     let srv = spawn(&s);
-    let mut c = args("127.0.1.5");
-    c.push("127.0.1.4");
+    let mut c = args("127.0.1.21");
+    c.push("127.0.1.20");
     let (code, out) = monel(&c);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("2457600 bytes in"), "{out}");
