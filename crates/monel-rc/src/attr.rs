@@ -358,36 +358,7 @@ pub(crate) fn check_modify(
     mask: AttrMask,
     max_rd_atomic: u8,
 ) -> Result<QpState, ModifyError> {
-    let to = if mask.contains(AttrMask::STATE) {
-        attr.qp_state
-    } else {
-        cur
-    };
-    if mask.contains(AttrMask::CUR_STATE) && attr.cur_qp_state != cur {
-        return Err(ModifyError::CurrentStateMismatch {
-            actual: cur,
-            claimed: attr.cur_qp_state,
-        });
-    }
-    let (required, optional) =
-        transition_masks(cur, to).ok_or(ModifyError::InvalidTransition { from: cur, to })?;
-    let given = mask & !AttrMask::STATE;
-    let missing = required & !given;
-    if !missing.is_empty() {
-        return Err(ModifyError::MissingAttrs {
-            from: cur,
-            to,
-            missing,
-        });
-    }
-    let extra = given & !(required | optional);
-    if !extra.is_empty() {
-        return Err(ModifyError::UnexpectedAttrs {
-            from: cur,
-            to,
-            extra,
-        });
-    }
+    let to = check_transition(cur, attr, mask, transition_masks)?;
     let bad = |attr: &'static str, value: u32| Err(ModifyError::InvalidValue { attr, value });
     if mask.contains(AttrMask::TIMEOUT) && attr.timeout > 31 {
         return bad("timeout", attr.timeout.into());
@@ -412,6 +383,47 @@ pub(crate) fn check_modify(
     }
     if mask.contains(AttrMask::PORT) && attr.port_num != 1 {
         return bad("port_num", attr.port_num.into());
+    }
+    Ok(to)
+}
+
+/// Checks `cur_qp_state` and the transition's required and allowed attributes against a
+/// transport's state `table`; returns the target state.
+pub(crate) fn check_transition(
+    cur: QpState,
+    attr: &QpAttr,
+    mask: AttrMask,
+    table: fn(QpState, QpState) -> Option<(AttrMask, AttrMask)>,
+) -> Result<QpState, ModifyError> {
+    let to = if mask.contains(AttrMask::STATE) {
+        attr.qp_state
+    } else {
+        cur
+    };
+    if mask.contains(AttrMask::CUR_STATE) && attr.cur_qp_state != cur {
+        return Err(ModifyError::CurrentStateMismatch {
+            actual: cur,
+            claimed: attr.cur_qp_state,
+        });
+    }
+    let (required, optional) =
+        table(cur, to).ok_or(ModifyError::InvalidTransition { from: cur, to })?;
+    let given = mask & !AttrMask::STATE;
+    let missing = required & !given;
+    if !missing.is_empty() {
+        return Err(ModifyError::MissingAttrs {
+            from: cur,
+            to,
+            missing,
+        });
+    }
+    let extra = given & !(required | optional);
+    if !extra.is_empty() {
+        return Err(ModifyError::UnexpectedAttrs {
+            from: cur,
+            to,
+            extra,
+        });
     }
     Ok(to)
 }

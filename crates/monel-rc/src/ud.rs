@@ -15,7 +15,9 @@ use monel_wire::{
     packet::pad_for,
 };
 
-use crate::attr::{AddressVector, AttrMask, DEFAULT_PKEY, ModifyError, QpAttr, QpState};
+use crate::attr::{
+    AddressVector, AttrMask, DEFAULT_PKEY, ModifyError, QpAttr, QpState, check_transition,
+};
 use crate::memory::MemoryAccess;
 use crate::qp::QpCaps;
 use crate::requester::{gather, scatter};
@@ -131,37 +133,7 @@ impl UdQp {
 
     /// Modifies attributes and state with the UD state table's masks.
     pub fn modify(&mut self, attr: &QpAttr, mask: AttrMask) -> Result<(), ModifyError> {
-        let cur = self.state;
-        let to = if mask.contains(AttrMask::STATE) {
-            attr.qp_state
-        } else {
-            cur
-        };
-        if mask.contains(AttrMask::CUR_STATE) && attr.cur_qp_state != cur {
-            return Err(ModifyError::CurrentStateMismatch {
-                actual: cur,
-                claimed: attr.cur_qp_state,
-            });
-        }
-        let (required, optional) =
-            ud_transition_masks(cur, to).ok_or(ModifyError::InvalidTransition { from: cur, to })?;
-        let given = mask & !AttrMask::STATE;
-        let missing = required & !given;
-        if !missing.is_empty() {
-            return Err(ModifyError::MissingAttrs {
-                from: cur,
-                to,
-                missing,
-            });
-        }
-        let extra = given & !(required | optional);
-        if !extra.is_empty() {
-            return Err(ModifyError::UnexpectedAttrs {
-                from: cur,
-                to,
-                extra,
-            });
-        }
+        let to = check_transition(self.state, attr, mask, ud_transition_masks)?;
         if mask.contains(AttrMask::PORT) && attr.port_num != 1 {
             return Err(ModifyError::InvalidValue {
                 attr: "port_num",

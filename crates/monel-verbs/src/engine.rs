@@ -540,25 +540,43 @@ fn transmit_datagrams(
             counters.tx_errors += 1;
             continue;
         };
-        let local = shared.sockets.socks[si].local;
-        let framing = FrameRepr {
-            src: wire_ip(local.ip()),
-            dst: wire_ip(peer.ip()),
-            src_port: local.port(),
-            dst_port: peer.port(),
-            traffic_class: shared.config.traffic_class(),
-            hop_limit: o.av.hop_limit,
-            ident: 0,
-            flow_label: 0,
-        };
-        let start = TX_HEADROOM - framing.header_len();
-        if framing.emit(&mut buf[start..], o.len).is_err() {
-            counters.tx_errors += 1;
-            continue;
-        }
-        counters.tx_bytes += o.len as u64;
-        tx.items.push((si, peer, TX_HEADROOM, o.len));
+        let framing = framing_to(shared, si, peer, o.av.hop_limit);
+        queue_packet(tx, counters, &framing, si, peer, o.len);
     }
+}
+
+/// The IP/UDP framing of packets from socket `si` to `peer`.
+fn framing_to(shared: &DevShared, si: usize, peer: SocketAddr, hop_limit: u8) -> FrameRepr {
+    let local = shared.sockets.socks[si].local;
+    FrameRepr {
+        src: wire_ip(local.ip()),
+        dst: wire_ip(peer.ip()),
+        src_port: local.port(),
+        dst_port: peer.port(),
+        traffic_class: shared.config.traffic_class(),
+        hop_limit,
+        ident: 0,
+        flow_label: 0,
+    }
+}
+
+/// Frames (ICRC included) the `len`-byte RoCE packet just written after the headroom of the
+/// batch's next buffer, and queues it for `peer`.
+fn queue_packet(
+    tx: &mut TxBatch,
+    counters: &mut crate::DeviceCounters,
+    framing: &FrameRepr,
+    si: usize,
+    peer: SocketAddr,
+    len: usize,
+) {
+    let start = TX_HEADROOM - framing.header_len();
+    if framing.emit(&mut tx.next_buf()[start..], len).is_err() {
+        counters.tx_errors += 1;
+        return;
+    }
+    counters.tx_bytes += len as u64;
+    tx.items.push((si, peer, TX_HEADROOM, len));
 }
 
 /// Events and overflowed CQs gathered while servicing QPs.
@@ -585,18 +603,7 @@ fn service_slot(
         slot.qp.handle_timeout(t);
     }
     if let (true, Some((si, peer)), QpKind::Rc(rc)) = (transmit, slot.peer, &mut slot.qp) {
-        let local = shared.sockets.socks[si].local;
-        let framing = FrameRepr {
-            src: wire_ip(local.ip()),
-            dst: wire_ip(peer.ip()),
-            src_port: local.port(),
-            dst_port: peer.port(),
-            traffic_class: shared.config.traffic_class(),
-            hop_limit: rc.attr().ah_attr.hop_limit,
-            ident: 0,
-            flow_label: 0,
-        };
-        let start = TX_HEADROOM - framing.header_len();
+        let framing = framing_to(shared, si, peer, rc.attr().ah_attr.hop_limit);
         let mem = PdMemory {
             table: mrs,
             pd: slot.pd,
@@ -609,12 +616,7 @@ fn service_slot(
             let Some(o) = rc.poll_transmit(t, &mut buf[TX_HEADROOM..], &mem) else {
                 break;
             };
-            if framing.emit(&mut buf[start..], o.len).is_err() {
-                counters.tx_errors += 1;
-                continue;
-            }
-            counters.tx_bytes += o.len as u64;
-            tx.items.push((si, peer, TX_HEADROOM, o.len));
+            queue_packet(tx, counters, &framing, si, peer, o.len);
         }
     }
     if let (true, QpKind::Ud(ud)) = (transmit, &mut slot.qp) {
