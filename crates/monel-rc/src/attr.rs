@@ -381,14 +381,11 @@ pub(crate) fn check_modify(
     if mask.contains(AttrMask::MAX_DEST_RD_ATOMIC) && attr.max_dest_rd_atomic > max_rd_atomic {
         return bad("max_dest_rd_atomic", attr.max_dest_rd_atomic.into());
     }
-    if mask.contains(AttrMask::PORT) && attr.port_num != 1 {
-        return bad("port_num", attr.port_num.into());
-    }
     Ok(to)
 }
 
-/// Checks `cur_qp_state` and the transition's required and allowed attributes against a
-/// transport's state `table`; returns the target state.
+/// Checks `cur_qp_state`, the transition's required and allowed attributes against a
+/// transport's state `table`, and the port number; returns the target state.
 pub(crate) fn check_transition(
     cur: QpState,
     attr: &QpAttr,
@@ -423,6 +420,12 @@ pub(crate) fn check_transition(
             from: cur,
             to,
             extra,
+        });
+    }
+    if mask.contains(AttrMask::PORT) && attr.port_num != 1 {
+        return Err(ModifyError::InvalidValue {
+            attr: "port_num",
+            value: attr.port_num.into(),
         });
     }
     Ok(to)

@@ -134,12 +134,6 @@ impl UdQp {
     /// Modifies attributes and state with the UD state table's masks.
     pub fn modify(&mut self, attr: &QpAttr, mask: AttrMask) -> Result<(), ModifyError> {
         let to = check_transition(self.state, attr, mask, ud_transition_masks)?;
-        if mask.contains(AttrMask::PORT) && attr.port_num != 1 {
-            return Err(ModifyError::InvalidValue {
-                attr: "port_num",
-                value: attr.port_num.into(),
-            });
-        }
         if mask.contains(AttrMask::PKEY_INDEX) {
             self.attr.pkey_index = attr.pkey_index;
         }

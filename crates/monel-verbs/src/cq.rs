@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use monel_rc::WorkCompletion;
@@ -17,10 +17,6 @@ use crate::error::{Result, VerbsError};
 struct CqState {
     wcs: VecDeque<WorkCompletion>,
     overflowed: bool,
-    /// Incremented on every push; waiters compare.
-    events: u64,
-    /// Threads blocked on the condition variable (busy-poll devices only).
-    sleepers: usize,
 }
 
 /// The part of a CQ the progress engine shares.
@@ -29,7 +25,6 @@ pub(crate) struct CqShared {
     pub(crate) id: u32,
     capacity: usize,
     state: Mutex<CqState>,
-    cv: Condvar,
     /// The completion channel: written once per `req_notify` when a completion arrives.
     pub(crate) channel: EventFd,
     armed: AtomicBool,
@@ -45,7 +40,6 @@ impl CqShared {
             id,
             capacity,
             state: Mutex::new(CqState::default()),
-            cv: Condvar::new(),
             channel,
             armed: AtomicBool::new(false),
             dev,
@@ -86,11 +80,7 @@ impl CqShared {
             any = true;
         }
         if any {
-            s.events += 1;
-            // A futex wake costs a system call even with nobody to wake.
-            if s.sleepers > 0 {
-                self.cv.notify_all();
-            }
+            // Threads waiting on this CQ sleep on the channel when armed (see `wait_cq`).
             if self.armed.swap(false, Ordering::AcqRel) {
                 let _ = self.channel.write(1);
             }
@@ -137,30 +127,11 @@ impl CompletionQueue {
     /// spins on the sockets instead of sleeping.
     pub fn wait(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        if let Some(dev) = self.shared.dev.upgrade() {
-            return crate::engine::wait_cq(&dev, &self.shared, deadline);
+        match self.shared.dev.upgrade() {
+            Some(dev) => crate::engine::wait_cq(&dev, &self.shared, deadline),
+            // The device is gone: nothing more can arrive.
+            None => self.shared.has_completions(),
         }
-        // The context is gone: only what is queued can still arrive (nothing).
-        let mut s = self
-            .shared
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        while s.wcs.is_empty() {
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            s.sleepers += 1;
-            s = self
-                .shared
-                .cv
-                .wait_timeout(s, deadline - now)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-            s.sleepers -= 1;
-        }
-        true
     }
     /// Polls until `n` completions arrived or `timeout` passed; returns what arrived.
     pub fn poll_n(&self, n: usize, timeout: Duration) -> Vec<WorkCompletion> {

@@ -245,20 +245,36 @@ pub(crate) fn kick(shared: &DevShared, qpn: u32) {
     });
 }
 
-/// One pass of an application thread polling an empty CQ: receives and processes what the
-/// sockets hold without blocking; with nothing received, sends what was deferred.
+/// One pass of an application thread polling an empty CQ: sends what was deferred, then
+/// receives and processes what the sockets hold, without blocking.
 pub(crate) fn progress_once(shared: &DevShared) {
     shared
         .last_poll_ns
         .store(now(shared).as_nanos(), Ordering::Relaxed);
+    // As a waiting thread's pass: deferred responses first, so a stream keeps its ACKs.
+    send_deferred(shared);
+    if caller_receive(shared) {
+        hand_over_deferred(shared);
+    }
+}
+
+/// An application thread receives and processes what the sockets hold, deferring the
+/// responses (so an ACK leaves with its next post). Returns true if anything was received.
+fn caller_receive(shared: &DevShared) -> bool {
     with_caller_io(shared.config.batch, |io| {
-        if receive_all(shared, &mut io.rx, &mut io.icrc) > 0 {
+        let got = receive_all(shared, &mut io.rx, &mut io.icrc) > 0;
+        if got {
             service(shared, &mut io.tx, Scope::Received);
-        } else {
-            service(shared, &mut io.tx, Scope::Deferred);
         }
+        got
+    })
+}
+
+/// An application thread sends what was deferred.
+fn send_deferred(shared: &DevShared) {
+    with_caller_io(shared.config.batch, |io| {
+        service(shared, &mut io.tx, Scope::Deferred)
     });
-    hand_over_deferred(shared);
 }
 
 /// Deferred transmissions leave with the caller's next post, or within the progress
@@ -283,7 +299,6 @@ fn engine_late(core: &Core, t: Instant) -> bool {
 /// this thread meanwhile. The datagram that completes a work request wakes the thread
 /// waiting for it directly.
 pub(crate) fn wait_cq(shared: &DevShared, cq: &CqShared, deadline: std::time::Instant) -> bool {
-    let batch = shared.config.batch;
     let mut fds: Vec<PollFd<'_>> = shared
         .sockets
         .socks
@@ -296,22 +311,16 @@ pub(crate) fn wait_cq(shared: &DevShared, cq: &CqShared, deadline: std::time::In
         if cq.has_completions() {
             break true;
         }
-        // Not returning yet: what was deferred goes out now.
-        with_caller_io(batch, |io| service(shared, &mut io.tx, Scope::Deferred));
         let now_w = std::time::Instant::now();
         if now_w >= deadline {
             break false;
         }
-        // Receive and process; responses wait in `pending_tx` for the caller's next post
-        // (or the next pass here), so an ACK and the reply it precedes leave together.
-        let progressed = with_caller_io(batch, |io| {
-            let got = receive_all(shared, &mut io.rx, &mut io.icrc);
-            if got > 0 {
-                service(shared, &mut io.tx, Scope::Received);
-            }
-            got > 0
-        });
-        if progressed {
+        // Not returning yet: what was deferred goes out now (a streaming sender must not
+        // wait for its ACKs until the sockets run dry).
+        send_deferred(shared);
+        // Responses to what arrives wait in `pending_tx` for the caller's next post or the
+        // next pass here.
+        if caller_receive(shared) {
             continue;
         }
         if shared.config.busy_poll {
