@@ -463,7 +463,8 @@ impl RcQp {
     }
 
     /// Writes the next packet to send into `buf` (which must hold path MTU + 64 bytes) and
-    /// says how long it is. CNPs go first, then responses, then requests.
+    /// says how long it is. CNPs go first, then responses, then requests; a lone positive ACK
+    /// waits behind the requests ready to go.
     pub fn poll_transmit<M: MemoryAccess + ?Sized>(
         &mut self,
         now: Instant,
@@ -482,37 +483,27 @@ impl RcQp {
                 kind: TransmitKind::Cnp,
             })
         } else {
-            match self
-                .resp
-                .poll_transmit(now, buf, mem, &mut self.cc, &mut self.stats)
-            {
-                Ok(len) => Some(Transmit {
-                    len,
-                    kind: TransmitKind::Response,
-                }),
+            let sending = matches!(self.state, QpState::Rts | QpState::Sqd);
+            // A lone positive ACK goes after this QP's own requests: the peer waits for the
+            // request (a reply, say) and gets the ACK just behind it, off its critical path.
+            let request_first = sending && self.resp.holds_only_ack();
+            let res = if request_first {
+                match self.request(now, buf, mem) {
+                    Ok(t) => Ok(t),
+                    // Pacing holds requests, never the ACK.
+                    Err(block) => self.response(now, buf, mem).or(Err(block)),
+                }
+            } else {
+                match self.response(now, buf, mem) {
+                    Err(TxBlock::Idle) if sending => self.request(now, buf, mem),
+                    r => r,
+                }
+            };
+            match res {
+                Ok(t) => Some(t),
                 Err(TxBlock::Paced(t)) => {
                     self.paced_until = Some(t);
                     None
-                }
-                Err(TxBlock::Idle) if matches!(self.state, QpState::Rts | QpState::Sqd) => {
-                    match self.req.poll_transmit(
-                        now,
-                        buf,
-                        mem,
-                        &mut self.cc,
-                        &mut self.stats,
-                        &mut self.send_cq,
-                    ) {
-                        Ok(len) => Some(Transmit {
-                            len,
-                            kind: TransmitKind::Request,
-                        }),
-                        Err(TxBlock::Paced(t)) => {
-                            self.paced_until = Some(t);
-                            None
-                        }
-                        Err(TxBlock::Idle) => None,
-                    }
                 }
                 Err(TxBlock::Idle) => None,
             }
@@ -524,6 +515,41 @@ impl RcQp {
             self.stats.tx_bytes += t.len as u64;
         }
         out
+    }
+
+    fn response<M: MemoryAccess + ?Sized>(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        mem: &M,
+    ) -> Result<Transmit, TxBlock> {
+        let len = self
+            .resp
+            .poll_transmit(now, buf, mem, &mut self.cc, &mut self.stats)?;
+        Ok(Transmit {
+            len,
+            kind: TransmitKind::Response,
+        })
+    }
+
+    fn request<M: MemoryAccess + ?Sized>(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        mem: &M,
+    ) -> Result<Transmit, TxBlock> {
+        let len = self.req.poll_transmit(
+            now,
+            buf,
+            mem,
+            &mut self.cc,
+            &mut self.stats,
+            &mut self.send_cq,
+        )?;
+        Ok(Transmit {
+            len,
+            kind: TransmitKind::Request,
+        })
     }
 
     /// The next time [`handle_timeout`](Self::handle_timeout) has work, if any.

@@ -125,6 +125,17 @@ impl Responder {
         }
     }
 
+    /// True if the only reply waiting is a positive ACK (no NAK, READ or atomic response).
+    pub(crate) fn holds_only_ack(&self) -> bool {
+        matches!(
+            self.replies.front(),
+            Some(Reply::Ack {
+                syndrome: AethSyndrome::Ack { .. },
+                ..
+            })
+        ) && self.replies.len() == 1
+    }
+
     /// True if replies wait to be sent.
     pub(crate) fn has_replies(&self) -> bool {
         !self.replies.is_empty()

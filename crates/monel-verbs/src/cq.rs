@@ -137,14 +137,13 @@ impl CompletionQueue {
     pub fn poll_n(&self, n: usize, timeout: Duration) -> Vec<WorkCompletion> {
         let deadline = Instant::now() + timeout;
         let mut out = Vec::with_capacity(n);
+        // Waiting first: on a sleeping device the wait's ppoll is the only look at the
+        // sockets an empty queue needs.
         while out.len() < n {
-            let need = n - out.len();
-            if self.poll_into(need, &mut out) == 0 {
-                let now = Instant::now();
-                if now >= deadline || !self.wait(deadline - now) {
-                    break;
-                }
+            if !self.wait(deadline.saturating_duration_since(Instant::now())) {
+                break;
             }
+            self.poll_into(n - out.len(), &mut out);
         }
         out
     }

@@ -318,17 +318,17 @@ pub(crate) fn wait_cq(shared: &DevShared, cq: &CqShared, deadline: std::time::In
         // Not returning yet: what was deferred goes out now (a streaming sender must not
         // wait for its ACKs until the sockets run dry).
         send_deferred(shared);
-        // Responses to what arrives wait in `pending_tx` for the caller's next post or the
-        // next pass here.
-        if caller_receive(shared) {
-            continue;
-        }
         if shared.config.busy_poll {
-            std::hint::spin_loop();
+            // Responses to what arrives wait in `pending_tx` for the caller's next post or
+            // the next pass here.
+            if !caller_receive(shared) {
+                std::hint::spin_loop();
+            }
             continue;
         }
-        // Nothing waiting: sleep on the sockets and the CQ's channel (the progress thread
-        // may complete work for this CQ through a timer).
+        // Sleep on the sockets and the CQ's channel (the progress thread may complete work
+        // for this CQ through a timer). ppoll is the check for data too: no read is tried
+        // on a socket it has not found readable.
         cq.req_notify();
         if cq.has_completions() {
             break true;
@@ -337,12 +337,15 @@ pub(crate) fn wait_cq(shared: &DevShared, cq: &CqShared, deadline: std::time::In
         let _ = ppoll(&mut fds, Some(ts), None);
         // Woken by a datagram: this thread completes its own work, with no channel write.
         cq.disarm();
-        let signalled = fds
-            .last()
-            .and_then(PollFd::revents)
-            .is_some_and(|r| r.contains(PollFlags::POLLIN));
-        if signalled {
+        let ready = |f: &PollFd<'_>| {
+            f.revents()
+                .is_some_and(|r| r.intersects(PollFlags::POLLIN | PollFlags::POLLERR))
+        };
+        if fds.last().is_some_and(ready) {
             let _ = cq.channel.read();
+        }
+        if fds[..fds.len() - 1].iter().any(ready) {
+            caller_receive(shared);
         }
     };
     shared.callers.fetch_sub(1, Ordering::AcqRel);

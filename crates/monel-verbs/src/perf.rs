@@ -203,6 +203,11 @@ fn check(wc: &crate::WorkCompletion) -> Result<()> {
 fn wait(cq: &CompletionQueue, busy: bool) -> Result<crate::WorkCompletion> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
+        // Sleeping: the wait returns at once when a completion is queued, and otherwise
+        // looks at the sockets only when ppoll finds them readable.
+        if !busy {
+            cq.wait(Duration::from_millis(100));
+        }
         if let Some(wc) = cq.poll(1).pop() {
             check(&wc)?;
             return Ok(wc);
@@ -212,9 +217,6 @@ fn wait(cq: &CompletionQueue, busy: bool) -> Result<crate::WorkCompletion> {
                 V,
                 ErrorKind::Timeout("no completion in 30 s".into()),
             ));
-        }
-        if !busy {
-            cq.wait(Duration::from_millis(100));
         }
     }
 }
