@@ -1,0 +1,191 @@
+//! From a collective call to a schedule: which algorithms each collective has, the buffer
+//! layout it needs (NCCL's, in-place conventions included) and the schedule for one rank.
+
+use std::fmt;
+
+use crate::dtype::RedOp;
+use crate::error::{CclError, Result};
+use crate::schedule::{self as sch, Schedule};
+
+/// A collective operation with its arguments (other than buffers, count and type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Collective {
+    /// `ncclAllReduce`.
+    AllReduce(RedOp),
+    /// `ncclBroadcast` from a root.
+    Broadcast(usize),
+    /// `ncclReduce` to a root.
+    Reduce(RedOp, usize),
+    /// `ncclAllGather` (count = elements per rank).
+    AllGather,
+    /// `ncclReduceScatter` (count = elements per rank).
+    ReduceScatter(RedOp),
+    /// `ncclAlltoAll` (count = elements per pair).
+    AllToAll,
+    /// `ncclGather` to a root (count = elements per rank).
+    Gather(usize),
+    /// `ncclScatter` from a root (count = elements per rank).
+    Scatter(usize),
+    /// A barrier.
+    Barrier,
+}
+
+impl Collective {
+    /// The name nccl-tests uses (`all_reduce`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::AllReduce(_) => "all_reduce",
+            Self::Broadcast(_) => "broadcast",
+            Self::Reduce(..) => "reduce",
+            Self::AllGather => "all_gather",
+            Self::ReduceScatter(_) => "reduce_scatter",
+            Self::AllToAll => "alltoall",
+            Self::Gather(_) => "gather",
+            Self::Scatter(_) => "scatter",
+            Self::Barrier => "barrier",
+        }
+    }
+    /// The root, for rooted collectives.
+    pub const fn root(self) -> Option<usize> {
+        match self {
+            Self::Broadcast(r) | Self::Reduce(_, r) | Self::Gather(r) | Self::Scatter(r) => Some(r),
+            _ => None,
+        }
+    }
+    /// The reduction, for reducing collectives.
+    pub const fn op(self) -> Option<RedOp> {
+        match self {
+            Self::AllReduce(o) | Self::Reduce(o, _) | Self::ReduceScatter(o) => Some(o),
+            _ => None,
+        }
+    }
+    /// (input, output) elements on rank `r` of `n` for `count`.
+    pub fn sizes(self, n: usize, r: usize, count: usize) -> (usize, usize) {
+        match self {
+            Self::AllReduce(_) | Self::Broadcast(_) | Self::Reduce(..) => (count, count),
+            Self::AllGather => (count, n * count),
+            Self::ReduceScatter(_) => (n * count, count),
+            Self::AllToAll => (n * count, n * count),
+            Self::Gather(root) => (count, if r == root { n * count } else { 0 }),
+            Self::Scatter(root) => (if r == root { n * count } else { 0 }, count),
+            Self::Barrier => (0, 0),
+        }
+    }
+    /// In place (NCCL's conventions): the single buffer's length and where the input and
+    /// the output start in it, in elements; None if the collective has no in-place form.
+    pub fn in_place_layout(
+        self,
+        n: usize,
+        r: usize,
+        count: usize,
+    ) -> Option<(usize, usize, usize)> {
+        Some(match self {
+            Self::AllReduce(_) | Self::Broadcast(_) | Self::Reduce(..) => (count, 0, 0),
+            Self::AllGather => (n * count, r * count, 0),
+            Self::ReduceScatter(_) => (n * count, 0, r * count),
+            Self::Gather(root) if r == root => (n * count, root * count, 0),
+            Self::Scatter(root) if r == root => (n * count, 0, root * count),
+            Self::Gather(_) | Self::Scatter(_) => (count, 0, 0),
+            Self::AllToAll => return None,
+            Self::Barrier => (0, 0, 0),
+        })
+    }
+    /// The algorithms this collective has.
+    pub fn algorithms(self) -> &'static [Algorithm] {
+        match self {
+            Self::AllReduce(_) => &[Algorithm::Ring, Algorithm::Direct, Algorithm::Deterministic],
+            Self::Broadcast(_) | Self::Reduce(..) => &[Algorithm::Ring, Algorithm::Direct],
+            Self::AllGather | Self::ReduceScatter(_) => &[Algorithm::Ring, Algorithm::Direct],
+            Self::AllToAll | Self::Gather(_) | Self::Scatter(_) | Self::Barrier => {
+                &[Algorithm::Direct]
+            }
+        }
+    }
+}
+
+impl fmt::Display for Collective {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())?;
+        if let Some(o) = self.op() {
+            write!(f, "({o})")?;
+        }
+        if let Some(r) = self.root() {
+            write!(f, "(root {r})")?;
+        }
+        Ok(())
+    }
+}
+
+/// An algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Ring (all-reduce, all-gather, reduce-scatter) or pipelined chain along the ring
+    /// (broadcast, reduce).
+    Ring,
+    /// One step: every rank talks to every rank it needs directly (small messages).
+    Direct,
+    /// AllReduce with a fixed reduction order, whatever the size (see
+    /// [`sch::allreduce_deterministic`]).
+    Deterministic,
+}
+
+impl Algorithm {
+    /// Name as `MONEL_ALGO` takes it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Ring => "ring",
+            Self::Direct => "direct",
+            Self::Deterministic => "deterministic",
+        }
+    }
+    /// Parses a name.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Ring, Self::Direct, Self::Deterministic]
+            .into_iter()
+            .find(|a| a.name() == s.to_ascii_lowercase())
+    }
+}
+
+/// Rank `r`'s schedule of `coll` over `n` ranks with `algo`. `slice` is the pipelining unit
+/// of chains (elements); `in_place` selects the in-place form where the schedule differs.
+pub fn schedule(
+    coll: Collective,
+    algo: Algorithm,
+    n: usize,
+    r: usize,
+    count: usize,
+    slice: usize,
+    in_place: bool,
+) -> Result<Schedule> {
+    if !coll.algorithms().contains(&algo) {
+        return Err(CclError::invalid(format!(
+            "{} has no {} algorithm",
+            coll.name(),
+            algo.name()
+        )));
+    }
+    let avg = |o: RedOp| o == RedOp::Avg;
+    Ok(match (coll, algo) {
+        (Collective::AllReduce(o), Algorithm::Ring) => sch::allreduce_ring(n, r, count, avg(o)),
+        (Collective::AllReduce(o), Algorithm::Direct) => sch::allreduce_direct(n, r, count, avg(o)),
+        (Collective::AllReduce(o), _) => sch::allreduce_deterministic(n, r, count, avg(o)),
+        (Collective::Broadcast(root), Algorithm::Ring) => {
+            sch::broadcast_chain(n, r, count, root, slice)
+        }
+        (Collective::Broadcast(root), _) => sch::broadcast_direct(n, r, count, root),
+        (Collective::Reduce(o, root), Algorithm::Ring) => {
+            sch::reduce_chain(n, r, count, root, slice, avg(o))
+        }
+        (Collective::Reduce(o, root), _) => sch::reduce_direct(n, r, count, root, avg(o)),
+        (Collective::AllGather, Algorithm::Ring) => sch::all_gather_ring(n, r, count),
+        (Collective::AllGather, _) => sch::all_gather_direct(n, r, count),
+        (Collective::ReduceScatter(o), Algorithm::Ring) => {
+            sch::reduce_scatter_ring(n, r, count, avg(o), in_place)
+        }
+        (Collective::ReduceScatter(o), _) => sch::reduce_scatter_direct(n, r, count, avg(o)),
+        (Collective::AllToAll, _) => sch::alltoall_direct(n, r, count),
+        (Collective::Gather(root), _) => sch::gather_direct(n, r, count, root),
+        (Collective::Scatter(root), _) => sch::scatter_direct(n, r, count, root),
+        (Collective::Barrier, _) => sch::barrier(n, r),
+    })
+}

@@ -1,0 +1,703 @@
+//! Schedules: a collective as plain data. For each rank, a list of steps; each step runs its
+//! local operations in order, then all of its sends and receives concurrently, to completion.
+//! Offsets and lengths count elements. The executor ([`crate::exec`]) runs a schedule over real
+//! transports; the simulator ([`crate::sim`]) runs every rank's schedule in memory, which is
+//! how the property tests check each algorithm without a network and how the fabric planner
+//! can replay the same steps.
+
+use std::ops::Range;
+
+/// The buffer a span lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Buf {
+    /// The send buffer (read-only out of place; in place, the part of the user's buffer that
+    /// holds this rank's contribution).
+    Input,
+    /// The receive buffer.
+    Output,
+    /// Scratch space the executor allocates ([`Schedule::scratch`] elements).
+    Scratch,
+}
+
+/// `len` elements at `off` in `buf`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// Which buffer.
+    pub buf: Buf,
+    /// First element.
+    pub off: usize,
+    /// Elements.
+    pub len: usize,
+}
+
+impl Span {
+    /// `buf[r]`.
+    pub fn of(buf: Buf, r: Range<usize>) -> Self {
+        Self {
+            buf,
+            off: r.start,
+            len: r.end - r.start,
+        }
+    }
+    /// One past the last element.
+    pub fn end(&self) -> usize {
+        self.off + self.len
+    }
+}
+
+/// One operation of a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Sends `src` to `peer` (one message).
+    Send {
+        /// Destination rank.
+        peer: usize,
+        /// What to send.
+        src: Span,
+    },
+    /// Receives one message of `dst.len` elements from `peer` into `dst`, or, with `reduce`,
+    /// combines it into `dst` (`dst = dst op incoming`).
+    Recv {
+        /// Source rank.
+        peer: usize,
+        /// Where it lands.
+        dst: Span,
+        /// Reduce instead of copy.
+        reduce: bool,
+    },
+    /// Local copy (a no-op when both spans are the same memory).
+    Copy {
+        /// From.
+        src: Span,
+        /// To.
+        dst: Span,
+    },
+    /// Local reduction `dst = dst op src`.
+    Reduce {
+        /// Operand.
+        src: Span,
+        /// Accumulator.
+        dst: Span,
+    },
+    /// Divides `dst` by the rank count (the end of an average).
+    Divide {
+        /// The span.
+        dst: Span,
+    },
+}
+
+/// Local operations, then communication.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Step {
+    /// The operations.
+    pub ops: Vec<Op>,
+}
+
+/// One rank's part of a collective.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Schedule {
+    /// In order.
+    pub steps: Vec<Step>,
+    /// Scratch elements needed.
+    pub scratch: usize,
+}
+
+impl Schedule {
+    fn step(&mut self) -> &mut Vec<Op> {
+        self.steps.push(Step::default());
+        &mut self.steps.last_mut().expect("pushed").ops
+    }
+    /// The ranks this schedule sends to or receives from, ascending.
+    pub fn peers(&self) -> Vec<usize> {
+        let mut p: Vec<usize> = self
+            .steps
+            .iter()
+            .flat_map(|s| s.ops.iter())
+            .filter_map(|o| match o {
+                Op::Send { peer, .. } | Op::Recv { peer, .. } => Some(*peer),
+                _ => None,
+            })
+            .collect();
+        p.sort_unstable();
+        p.dedup();
+        p
+    }
+    /// Elements this rank sends in total.
+    pub fn sent_elems(&self) -> usize {
+        self.steps
+            .iter()
+            .flat_map(|s| s.ops.iter())
+            .map(|o| match o {
+                Op::Send { src, .. } => src.len,
+                _ => 0,
+            })
+            .sum()
+    }
+}
+
+/// `count` elements split into `parts` ranges as evenly as possible (the first
+/// `count % parts` ranges one element longer).
+pub fn split(count: usize, parts: usize) -> Vec<Range<usize>> {
+    let base = count / parts;
+    let extra = count % parts;
+    let mut out = Vec::with_capacity(parts);
+    let mut at = 0;
+    for i in 0..parts {
+        let len = base + usize::from(i < extra);
+        out.push(at..at + len);
+        at += len;
+    }
+    out
+}
+
+fn modn(x: isize, n: usize) -> usize {
+    x.rem_euclid(n as isize) as usize
+}
+
+/// Ring reduce-scatter over `work` (count elements split into n chunks): after n-1 steps rank
+/// r holds the full reduction of chunk r. Sends chunk r-1-s at step s, receives and reduces
+/// chunk r-2-s (NCCL's ring).
+fn ring_reduce_scatter_steps(
+    s: &mut Schedule,
+    n: usize,
+    r: usize,
+    chunks: &[Range<usize>],
+    work: Buf,
+) {
+    let next = (r + 1) % n;
+    let prev = (r + n - 1) % n;
+    for k in 0..n - 1 {
+        let send = modn(r as isize - 1 - k as isize, n);
+        let recv = modn(r as isize - 2 - k as isize, n);
+        let ops = s.step();
+        ops.push(Op::Send {
+            peer: next,
+            src: Span::of(work, chunks[send].clone()),
+        });
+        ops.push(Op::Recv {
+            peer: prev,
+            dst: Span::of(work, chunks[recv].clone()),
+            reduce: true,
+        });
+    }
+}
+
+/// Ring all-gather over `buf`, where rank r starts with chunk r: sends chunk r-s at step s and
+/// receives chunk r-1-s.
+fn ring_all_gather_steps(s: &mut Schedule, n: usize, r: usize, chunks: &[Range<usize>], buf: Buf) {
+    let next = (r + 1) % n;
+    let prev = (r + n - 1) % n;
+    for k in 0..n - 1 {
+        let send = modn(r as isize - k as isize, n);
+        let recv = modn(r as isize - 1 - k as isize, n);
+        let ops = s.step();
+        ops.push(Op::Send {
+            peer: next,
+            src: Span::of(buf, chunks[send].clone()),
+        });
+        ops.push(Op::Recv {
+            peer: prev,
+            dst: Span::of(buf, chunks[recv].clone()),
+            reduce: false,
+        });
+    }
+}
+
+fn finish_avg(s: &mut Schedule, avg: bool, dst: Span) {
+    if avg && dst.len > 0 {
+        s.step().push(Op::Divide { dst });
+    }
+}
+
+/// AllReduce by ring: reduce-scatter then all-gather, 2(n-1) steps, each rank sending
+/// 2(n-1)/n of the data. Result in `Output`.
+pub fn allreduce_ring(n: usize, r: usize, count: usize, avg: bool) -> Schedule {
+    let mut s = Schedule::default();
+    let all = Span::of(Buf::Output, 0..count);
+    s.step().push(Op::Copy {
+        src: Span::of(Buf::Input, 0..count),
+        dst: all,
+    });
+    if n > 1 {
+        let chunks = split(count, n);
+        ring_reduce_scatter_steps(&mut s, n, r, &chunks, Buf::Output);
+        finish_avg(&mut s, avg, Span::of(Buf::Output, chunks[r].clone()));
+        ring_all_gather_steps(&mut s, n, r, &chunks, Buf::Output);
+    } else {
+        finish_avg(&mut s, avg, all);
+    }
+    s
+}
+
+/// AllReduce, direct: every rank sends its whole input to every other and reduces all n
+/// vectors in rank order. One step of latency, n-1 times the data: for tiny counts.
+/// Bitwise deterministic across runs and rank placements.
+pub fn allreduce_direct(n: usize, r: usize, count: usize, avg: bool) -> Schedule {
+    let all: Vec<Range<usize>> = vec![0..count; n];
+    gather_then_reduce(n, r, &all, 0, avg)
+}
+
+/// AllReduce with a fixed reduction order: rank k gathers chunk k from every rank and reduces
+/// the n contributions in rank order (0, 1, ..., n-1), then a ring all-gather. The bits of
+/// the result depend only on the inputs and n, never on timing or on the size-based choice of
+/// algorithm. Sends the same bytes as the ring.
+pub fn allreduce_deterministic(n: usize, r: usize, count: usize, avg: bool) -> Schedule {
+    let chunks = split(count, n);
+    let mut s = gather_then_reduce(n, r, &chunks, chunks[r].start, avg);
+    if n > 1 {
+        ring_all_gather_steps(&mut s, n, r, &chunks, Buf::Output);
+    }
+    s
+}
+
+/// Every rank p sends `want[q]` of its input to rank q; each rank reduces the n copies of
+/// its own `want[r]` in rank order into `Output` at `out`. Scratch holds the n copies (this
+/// rank's own staged first, so in place the input is read before it is overwritten).
+fn gather_then_reduce(
+    n: usize,
+    r: usize,
+    want: &[Range<usize>],
+    out: usize,
+    avg: bool,
+) -> Schedule {
+    let mine = want[r].clone();
+    let len = mine.len();
+    let slot = |p: usize| Span {
+        buf: Buf::Scratch,
+        off: p * len,
+        len,
+    };
+    let mut s = Schedule {
+        scratch: n * len,
+        ..Schedule::default()
+    };
+    let ops = s.step();
+    ops.push(Op::Copy {
+        src: Span::of(Buf::Input, mine.clone()),
+        dst: slot(r),
+    });
+    for p in (0..n).filter(|&p| p != r) {
+        ops.push(Op::Send {
+            peer: p,
+            src: Span::of(Buf::Input, want[p].clone()),
+        });
+        ops.push(Op::Recv {
+            peer: p,
+            dst: slot(p),
+            reduce: false,
+        });
+    }
+    let dst = Span {
+        buf: Buf::Output,
+        off: out,
+        len,
+    };
+    let ops = s.step();
+    ops.push(Op::Copy { src: slot(0), dst });
+    for p in 1..n {
+        ops.push(Op::Reduce { src: slot(p), dst });
+    }
+    finish_avg(&mut s, avg, dst);
+    s
+}
+
+/// ReduceScatter by ring: `Input` holds n * count elements, `Output` receives rank r's count.
+/// In place the ring works on the input itself (the result lands at `r * count`, where the
+/// output is); out of place on a scratch copy.
+pub fn reduce_scatter_ring(
+    n: usize,
+    r: usize,
+    count: usize,
+    avg: bool,
+    in_place: bool,
+) -> Schedule {
+    let total = n * count;
+    let chunks: Vec<Range<usize>> = (0..n).map(|k| k * count..(k + 1) * count).collect();
+    let work = if in_place { Buf::Input } else { Buf::Scratch };
+    let mut s = Schedule {
+        scratch: if in_place { 0 } else { total },
+        ..Schedule::default()
+    };
+    if !in_place {
+        s.step().push(Op::Copy {
+            src: Span::of(Buf::Input, 0..total),
+            dst: Span::of(Buf::Scratch, 0..total),
+        });
+    }
+    if n > 1 {
+        ring_reduce_scatter_steps(&mut s, n, r, &chunks, work);
+    }
+    let ops = s.step();
+    ops.push(Op::Copy {
+        src: Span::of(work, chunks[r].clone()),
+        dst: Span::of(Buf::Output, 0..count),
+    });
+    finish_avg(&mut s, avg, Span::of(Buf::Output, 0..count));
+    s
+}
+
+/// ReduceScatter, direct: rank r receives block r from every rank and reduces the n copies
+/// in rank order (deterministic).
+pub fn reduce_scatter_direct(n: usize, r: usize, count: usize, avg: bool) -> Schedule {
+    let blocks: Vec<Range<usize>> = (0..n).map(|k| k * count..(k + 1) * count).collect();
+    gather_then_reduce(n, r, &blocks, 0, avg)
+}
+
+/// Reduce, direct: the root receives every input and reduces them in rank order.
+pub fn reduce_direct(n: usize, r: usize, count: usize, root: usize, avg: bool) -> Schedule {
+    if r != root {
+        let mut s = Schedule::default();
+        s.step().push(Op::Send {
+            peer: root,
+            src: Span::of(Buf::Input, 0..count),
+        });
+        return s;
+    }
+    let len = count;
+    let slot = |p: usize| Span {
+        buf: Buf::Scratch,
+        off: p * len,
+        len,
+    };
+    let mut s = Schedule {
+        scratch: n * len,
+        ..Schedule::default()
+    };
+    let ops = s.step();
+    ops.push(Op::Copy {
+        src: Span::of(Buf::Input, 0..count),
+        dst: slot(r),
+    });
+    for p in (0..n).filter(|&p| p != r) {
+        ops.push(Op::Recv {
+            peer: p,
+            dst: slot(p),
+            reduce: false,
+        });
+    }
+    let dst = Span::of(Buf::Output, 0..count);
+    let ops = s.step();
+    ops.push(Op::Copy { src: slot(0), dst });
+    for p in 1..n {
+        ops.push(Op::Reduce { src: slot(p), dst });
+    }
+    finish_avg(&mut s, avg, dst);
+    s
+}
+
+/// Broadcast, direct: the root sends to every rank (one step; for small counts).
+pub fn broadcast_direct(n: usize, r: usize, count: usize, root: usize) -> Schedule {
+    let mut s = Schedule::default();
+    let ops = s.step();
+    if r == root {
+        ops.push(Op::Copy {
+            src: Span::of(Buf::Input, 0..count),
+            dst: Span::of(Buf::Output, 0..count),
+        });
+        for p in (0..n).filter(|&p| p != root) {
+            ops.push(Op::Send {
+                peer: p,
+                src: Span::of(Buf::Input, 0..count),
+            });
+        }
+    } else {
+        ops.push(Op::Recv {
+            peer: root,
+            dst: Span::of(Buf::Output, 0..count),
+            reduce: false,
+        });
+    }
+    s
+}
+
+/// AllGather, direct: every rank sends its input to every other (one step).
+pub fn all_gather_direct(n: usize, r: usize, count: usize) -> Schedule {
+    let blk = |k: usize| k * count..(k + 1) * count;
+    let mut s = Schedule::default();
+    let ops = s.step();
+    ops.push(Op::Copy {
+        src: Span::of(Buf::Input, 0..count),
+        dst: Span::of(Buf::Output, blk(r)),
+    });
+    for p in (0..n).filter(|&p| p != r) {
+        ops.push(Op::Send {
+            peer: p,
+            src: Span::of(Buf::Input, 0..count),
+        });
+        ops.push(Op::Recv {
+            peer: p,
+            dst: Span::of(Buf::Output, blk(p)),
+            reduce: false,
+        });
+    }
+    s
+}
+
+/// AllGather by ring: `Input` holds count elements, `Output` n * count.
+pub fn all_gather_ring(n: usize, r: usize, count: usize) -> Schedule {
+    let chunks: Vec<Range<usize>> = (0..n).map(|k| k * count..(k + 1) * count).collect();
+    let mut s = Schedule::default();
+    s.step().push(Op::Copy {
+        src: Span::of(Buf::Input, 0..count),
+        dst: Span::of(Buf::Output, chunks[r].clone()),
+    });
+    if n > 1 {
+        ring_all_gather_steps(&mut s, n, r, &chunks, Buf::Output);
+    }
+    s
+}
+
+/// Position of rank r on a chain that starts at `root` and runs up the ring.
+fn chain_pos(n: usize, r: usize, root: usize) -> usize {
+    (r + n - root) % n
+}
+
+/// Broadcast down a pipelined chain root -> root+1 -> ... in slices of `slice` elements:
+/// a rank forwards slice k while it receives slice k+1.
+pub fn broadcast_chain(n: usize, r: usize, count: usize, root: usize, slice: usize) -> Schedule {
+    let mut s = Schedule::default();
+    if r == root {
+        s.step().push(Op::Copy {
+            src: Span::of(Buf::Input, 0..count),
+            dst: Span::of(Buf::Output, 0..count),
+        });
+    }
+    if n == 1 || count == 0 {
+        return s;
+    }
+    let slices = split_slices(count, slice);
+    let m = slices.len();
+    let p = chain_pos(n, r, root);
+    let next = (r + 1) % n;
+    let prev = (r + n - 1) % n;
+    // Rank at position p receives slice k at step k + p - 1 and sends it at step k + p.
+    for t in 0..m + n - 2 {
+        let mut ops = Vec::new();
+        if p + 1 < n && t >= p && t - p < m {
+            ops.push(Op::Send {
+                peer: next,
+                src: Span::of(Buf::Output, slices[t - p].clone()),
+            });
+        }
+        if p > 0 && t + 1 >= p && t + 1 - p < m {
+            ops.push(Op::Recv {
+                peer: prev,
+                dst: Span::of(Buf::Output, slices[t + 1 - p].clone()),
+                reduce: false,
+            });
+        }
+        if !ops.is_empty() {
+            s.steps.push(Step { ops });
+        }
+    }
+    s
+}
+
+/// Reduce up a pipelined chain that ends at `root` (root+1 -> root+2 -> ... -> root), in
+/// slices: each rank adds its input to the partial result from the previous rank and passes
+/// it on. The reduction order is fixed (chain order). Non-roots accumulate in scratch.
+pub fn reduce_chain(
+    n: usize,
+    r: usize,
+    count: usize,
+    root: usize,
+    slice: usize,
+    avg: bool,
+) -> Schedule {
+    let at_root = r == root;
+    let work = if at_root { Buf::Output } else { Buf::Scratch };
+    let mut s = Schedule {
+        scratch: if at_root { 0 } else { count },
+        ..Schedule::default()
+    };
+    s.step().push(Op::Copy {
+        src: Span::of(Buf::Input, 0..count),
+        dst: Span::of(work, 0..count),
+    });
+    if n > 1 && count > 0 {
+        let slices = split_slices(count, slice);
+        let m = slices.len();
+        // Position 0 is root+1 (the chain's start), n-1 is the root.
+        let p = (r + n - root - 1) % n;
+        let next = (r + 1) % n;
+        let prev = (r + n - 1) % n;
+        for t in 0..m + n - 2 {
+            let mut ops = Vec::new();
+            if p + 1 < n && t >= p && t - p < m {
+                ops.push(Op::Send {
+                    peer: next,
+                    src: Span::of(work, slices[t - p].clone()),
+                });
+            }
+            if p > 0 && t + 1 >= p && t + 1 - p < m {
+                ops.push(Op::Recv {
+                    peer: prev,
+                    dst: Span::of(work, slices[t + 1 - p].clone()),
+                    reduce: true,
+                });
+            }
+            if !ops.is_empty() {
+                s.steps.push(Step { ops });
+            }
+        }
+    }
+    if at_root {
+        finish_avg(&mut s, avg, Span::of(Buf::Output, 0..count));
+    }
+    s
+}
+
+/// Checks a schedule's own consistency: no span outside its buffer's `sizes` (input,
+/// output, scratch, in elements), and no step that receives into elements it also sends.
+pub fn validate(s: &Schedule, sizes: [usize; 3]) -> Result<(), String> {
+    let size = |b: Buf| match b {
+        Buf::Input => sizes[0],
+        Buf::Output => sizes[1],
+        Buf::Scratch => sizes[2].max(s.scratch),
+    };
+    for (i, st) in s.steps.iter().enumerate() {
+        let spans = st.ops.iter().flat_map(|o| match o {
+            Op::Send { src, .. } => vec![*src],
+            Op::Recv { dst, .. } | Op::Divide { dst } => vec![*dst],
+            Op::Copy { src, dst } | Op::Reduce { src, dst } => vec![*src, *dst],
+        });
+        for sp in spans {
+            if sp.len > 0 && sp.end() > size(sp.buf) {
+                return Err(format!("step {i}: {sp:?} outside its buffer"));
+            }
+        }
+        for a in &st.ops {
+            let Op::Recv { dst, .. } = a else { continue };
+            for b in &st.ops {
+                if let Op::Send { src, .. } = b {
+                    if src.buf == dst.buf && src.off < dst.end() && dst.off < src.end() {
+                        return Err(format!(
+                            "step {i}: receives into {dst:?} while sending {src:?}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn split_slices(count: usize, slice: usize) -> Vec<Range<usize>> {
+    let slice = slice.max(1);
+    (0..count.div_ceil(slice))
+        .map(|k| k * slice..((k + 1) * slice).min(count))
+        .collect()
+}
+
+/// AlltoAll, direct: block j of the input (count elements) goes to rank j's output block r.
+pub fn alltoall_direct(n: usize, r: usize, count: usize) -> Schedule {
+    let blk = |k: usize| k * count..(k + 1) * count;
+    let mut s = Schedule::default();
+    let ops = s.step();
+    ops.push(Op::Copy {
+        src: Span::of(Buf::Input, blk(r)),
+        dst: Span::of(Buf::Output, blk(r)),
+    });
+    // Pairwise order (r+k, r-k) spreads the load instead of every rank hitting rank 0 first.
+    for k in 1..n {
+        ops.push(Op::Send {
+            peer: (r + k) % n,
+            src: Span::of(Buf::Input, blk((r + k) % n)),
+        });
+        ops.push(Op::Recv {
+            peer: (r + n - k) % n,
+            dst: Span::of(Buf::Output, blk((r + n - k) % n)),
+            reduce: false,
+        });
+    }
+    s
+}
+
+/// Gather, direct: the root's output block k receives rank k's input.
+pub fn gather_direct(n: usize, r: usize, count: usize, root: usize) -> Schedule {
+    let mut s = Schedule::default();
+    let ops = s.step();
+    if r == root {
+        ops.push(Op::Copy {
+            src: Span::of(Buf::Input, 0..count),
+            dst: Span::of(Buf::Output, root * count..(root + 1) * count),
+        });
+        for p in (0..n).filter(|&p| p != root) {
+            ops.push(Op::Recv {
+                peer: p,
+                dst: Span::of(Buf::Output, p * count..(p + 1) * count),
+                reduce: false,
+            });
+        }
+    } else {
+        ops.push(Op::Send {
+            peer: root,
+            src: Span::of(Buf::Input, 0..count),
+        });
+    }
+    s
+}
+
+/// Scatter, direct: rank k's output receives the root's input block k.
+pub fn scatter_direct(n: usize, r: usize, count: usize, root: usize) -> Schedule {
+    let mut s = Schedule::default();
+    let ops = s.step();
+    if r == root {
+        ops.push(Op::Copy {
+            src: Span::of(Buf::Input, root * count..(root + 1) * count),
+            dst: Span::of(Buf::Output, 0..count),
+        });
+        for p in (0..n).filter(|&p| p != root) {
+            ops.push(Op::Send {
+                peer: p,
+                src: Span::of(Buf::Input, p * count..(p + 1) * count),
+            });
+        }
+    } else {
+        ops.push(Op::Recv {
+            peer: root,
+            dst: Span::of(Buf::Output, 0..count),
+            reduce: false,
+        });
+    }
+    s
+}
+
+/// Barrier: an empty message to and from every other rank.
+pub fn barrier(n: usize, r: usize) -> Schedule {
+    let mut s = Schedule::default();
+    let ops = s.step();
+    let none = Span {
+        buf: Buf::Output,
+        off: 0,
+        len: 0,
+    };
+    for p in (0..n).filter(|&p| p != r) {
+        ops.push(Op::Send { peer: p, src: none });
+        ops.push(Op::Recv {
+            peer: p,
+            dst: none,
+            reduce: false,
+        });
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_is_even_and_covers() {
+        assert_eq!(split(10, 3), vec![0..4, 4..7, 7..10]);
+        assert_eq!(split(2, 4), vec![0..1, 1..2, 2..2, 2..2]);
+    }
+
+    #[test]
+    fn ring_sends_2_n_minus_1_over_n() {
+        let s = allreduce_ring(4, 1, 400, false);
+        assert_eq!(s.sent_elems(), 600);
+        assert_eq!(s.peers(), vec![0, 2]);
+        assert_eq!(allreduce_deterministic(4, 1, 400, false).sent_elems(), 600);
+    }
+}

@@ -1,0 +1,319 @@
+//! Every collective x algorithm x type x reduction, 1 to 9 ranks, counts that do not divide
+//! by the rank count, in place and out of place: the schedules run in memory ([`sim`]) and
+//! every rank's output is checked against a reference computed here, independently.
+
+use half::{bf16, f16};
+use monel_ccl::buffers::Buffers;
+use monel_ccl::plan::{self, Algorithm, Collective};
+use monel_ccl::schedule::validate;
+use monel_ccl::{DataType, RedOp, sim};
+use proptest::prelude::*;
+
+/// Encodes small integers as `t`, wrapping integers to the type's width.
+fn encode(t: DataType, v: &[i64]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for &x in v {
+        match t {
+            DataType::I8 | DataType::U8 => out.push(x as u8),
+            DataType::I32 | DataType::U32 => out.extend((x as u32).to_le_bytes()),
+            DataType::I64 | DataType::U64 => out.extend((x as u64).to_le_bytes()),
+            DataType::F16 => out.extend(f16::from_f64(x as f64).to_bits().to_le_bytes()),
+            DataType::Bf16 => out.extend(bf16::from_f64(x as f64).to_bits().to_le_bytes()),
+            DataType::F32 => out.extend((x as f32).to_le_bytes()),
+            DataType::F64 => out.extend((x as f64).to_le_bytes()),
+            _ => unreachable!(),
+        }
+    }
+    out
+}
+
+/// The reference reduction of one element across ranks, encoded as `t`.
+fn reference(t: DataType, op: RedOp, xs: &[i64], n: usize) -> Vec<u8> {
+    let signed = matches!(t, DataType::I8 | DataType::I32 | DataType::I64) || t.is_float();
+    // Unsigned types see the values as their (wrapped) unsigned encodings.
+    let width = t.size() * 8;
+    let as_type = |x: i64| -> i128 {
+        if signed || t.is_float() {
+            x as i128
+        } else {
+            (x as i128) & ((1i128 << width) - 1)
+        }
+    };
+    let v: Vec<i128> = xs.iter().map(|&x| as_type(x)).collect();
+    let r: i128 = match op {
+        RedOp::Sum | RedOp::Avg => v.iter().sum(),
+        RedOp::Prod => v.iter().fold(1i128, |a, &b| a.wrapping_mul(b)),
+        RedOp::Min => *v.iter().min().unwrap(),
+        RedOp::Max => *v.iter().max().unwrap(),
+        _ => unreachable!(),
+    };
+    if op == RedOp::Avg {
+        return match t {
+            DataType::F16 => f16::from_f32(r as f32 / n as f32)
+                .to_bits()
+                .to_le_bytes()
+                .to_vec(),
+            DataType::Bf16 => bf16::from_f32(r as f32 / n as f32)
+                .to_bits()
+                .to_le_bytes()
+                .to_vec(),
+            DataType::F32 => (r as f32 / n as f32).to_le_bytes().to_vec(),
+            DataType::F64 => (r as f64 / n as f64).to_le_bytes().to_vec(),
+            // Integer average of the wrapped sum, in the type's own arithmetic.
+            DataType::I8 => ((r as i8) / n as i8).to_le_bytes().to_vec(),
+            DataType::U8 => ((r as u8) / n as u8).to_le_bytes().to_vec(),
+            DataType::I32 => ((r as i32) / n as i32).to_le_bytes().to_vec(),
+            DataType::U32 => ((r as u32) / n as u32).to_le_bytes().to_vec(),
+            DataType::I64 => ((r as i64) / n as i64).to_le_bytes().to_vec(),
+            DataType::U64 => ((r as u64) / n as u64).to_le_bytes().to_vec(),
+            _ => unreachable!(),
+        };
+    }
+    encode(t, &[r as i64])
+}
+
+struct Case {
+    coll: Collective,
+    algo: Algorithm,
+    t: DataType,
+    n: usize,
+    count: usize,
+    in_place: bool,
+    seed: u64,
+}
+
+fn values(seed: u64, rank: usize, len: usize, op: Option<RedOp>) -> Vec<i64> {
+    // Small values: every sum and product is exact in every float type, whatever the order.
+    let mut x = seed ^ (rank as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            match op {
+                Some(RedOp::Prod) => [-2i64, -1, 1, 2][(x % 4) as usize],
+                _ => (x % 17) as i64 - 4,
+            }
+        })
+        .collect()
+}
+
+fn run_case(c: &Case) -> Result<(), String> {
+    let (n, count, t) = (c.n, c.count, c.t);
+    let es = t.size();
+    let op = c.coll.op();
+    let inputs: Vec<Vec<i64>> = (0..n)
+        .map(|r| values(c.seed, r, c.coll.sizes(n, r, count).0, op))
+        .collect();
+    let scheds: Vec<_> = (0..n)
+        .map(|r| plan::schedule(c.coll, c.algo, n, r, count, 3, c.in_place).unwrap())
+        .collect();
+    for (r, s) in scheds.iter().enumerate() {
+        let (i, o) = c.coll.sizes(n, r, count);
+        let (i, o) = match (c.in_place, c.coll.in_place_layout(n, r, count)) {
+            (true, Some((len, _, _))) => (len, len),
+            _ => (i, o),
+        };
+        validate(s, [i.max(o), i.max(o), 0]).map_err(|e| format!("rank {r}: {e}"))?;
+    }
+    // Buffers per rank.
+    let mut ins: Vec<Vec<u8>> = Vec::new();
+    let mut users: Vec<Vec<u8>> = Vec::new();
+    let mut layouts = Vec::new();
+    for (r, input) in inputs.iter().enumerate() {
+        let enc = encode(t, input);
+        let (_, o) = c.coll.sizes(n, r, count);
+        if c.in_place {
+            let (len, ioff, ooff) = c.coll.in_place_layout(n, r, count).unwrap();
+            let mut u = vec![0xA5u8; len * es];
+            u[ioff * es..ioff * es + enc.len()].copy_from_slice(&enc);
+            users.push(u);
+            ins.push(Vec::new());
+            layouts.push((ioff, ooff));
+        } else {
+            users.push(vec![0xA5u8; o * es]);
+            ins.push(enc);
+            layouts.push((0, 0));
+        }
+    }
+    let op_or_sum = op.unwrap_or(RedOp::Sum);
+    {
+        let mut bufs: Vec<Buffers<'_>> = users
+            .iter_mut()
+            .zip(&ins)
+            .zip(&layouts)
+            .map(|((u, i), &(io, oo))| {
+                if c.in_place {
+                    Buffers::in_place(u, io, oo, t, op_or_sum, n)
+                } else {
+                    Buffers::separate(i, u, t, op_or_sum, n)
+                }
+            })
+            .collect();
+        sim::run(&scheds, &mut bufs).map_err(|e| e.to_string())?;
+    }
+    // Expected outputs.
+    let red = |o: RedOp, off: usize, len: usize| -> Vec<u8> {
+        (off..off + len)
+            .flat_map(|e| {
+                let xs: Vec<i64> = inputs.iter().map(|v| v[e]).collect();
+                reference(t, o, &xs, n)
+            })
+            .collect()
+    };
+    for r in 0..n {
+        let want: Option<Vec<u8>> = match c.coll {
+            Collective::AllReduce(o) => Some(red(o, 0, count)),
+            Collective::Broadcast(root) => Some(encode(t, &inputs[root])),
+            Collective::Reduce(o, root) => (r == root).then(|| red(o, 0, count)),
+            Collective::AllGather => Some(inputs.iter().flat_map(|v| encode(t, v)).collect()),
+            Collective::ReduceScatter(o) => Some(red(o, r * count, count)),
+            Collective::AllToAll => Some(
+                (0..n)
+                    .flat_map(|j| encode(t, &inputs[j][r * count..(r + 1) * count]))
+                    .collect(),
+            ),
+            Collective::Gather(root) => {
+                (r == root).then(|| inputs.iter().flat_map(|v| encode(t, v)).collect())
+            }
+            Collective::Scatter(root) => Some(encode(t, &inputs[root][r * count..(r + 1) * count])),
+            Collective::Barrier => None,
+        };
+        let Some(want) = want else { continue };
+        let ooff = layouts[r].1 * es;
+        let got = &users[r][ooff..ooff + want.len()];
+        if got != want.as_slice() {
+            return Err(format!("rank {r}: got {got:?}, want {want:?}"));
+        }
+    }
+    Ok(())
+}
+
+fn collectives(n: usize, root: usize, op: RedOp) -> Vec<Collective> {
+    let root = root % n;
+    vec![
+        Collective::AllReduce(op),
+        Collective::Broadcast(root),
+        Collective::Reduce(op, root),
+        Collective::AllGather,
+        Collective::ReduceScatter(op),
+        Collective::AllToAll,
+        Collective::Gather(root),
+        Collective::Scatter(root),
+        Collective::Barrier,
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Every collective and algorithm for a random type, reduction, rank count (1-9),
+    /// count (0-40, mostly not a multiple of the rank count), root and placement.
+    #[test]
+    fn every_collective_matches_the_reference(
+        n in 1usize..=9,
+        count in 0usize..40,
+        t in 0usize..10,
+        o in 0usize..5,
+        root in 0usize..9,
+        in_place: bool,
+        seed: u64,
+    ) {
+        let t = DataType::ALL[t];
+        let op = RedOp::ALL[o];
+        for coll in collectives(n, root, op) {
+            for &algo in coll.algorithms() {
+                let in_place = in_place && coll.in_place_layout(n, 0, count).is_some();
+                let c = Case { coll, algo, t, n, count, in_place, seed };
+                if let Err(e) = run_case(&c) {
+                    return Err(TestCaseError::fail(format!(
+                        "{coll} {} {t} n={n} count={count} in_place={in_place} seed={seed}: {e}",
+                        algo.name()
+                    )));
+                }
+            }
+        }
+    }
+}
+
+/// Every type x reduction x algorithm at one awkward size, exhaustively.
+#[test]
+fn allreduce_every_type_and_reduction() {
+    for t in DataType::ALL {
+        for op in RedOp::ALL {
+            for n in [1, 2, 3, 5, 8] {
+                for &algo in Collective::AllReduce(op).algorithms() {
+                    for in_place in [false, true] {
+                        let c = Case {
+                            coll: Collective::AllReduce(op),
+                            algo,
+                            t,
+                            n,
+                            count: 2 * n + 1,
+                            in_place,
+                            seed: 7,
+                        };
+                        run_case(&c).unwrap_or_else(|e| {
+                            panic!("{t} {op} n={n} {} in_place={in_place}: {e}", algo.name())
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The deterministic and direct all-reduces give the same bits on every rank for arbitrary
+/// floats (no exact arithmetic to hide behind), and the ring agrees across ranks.
+#[test]
+fn deterministic_allreduce_bits_agree() {
+    for n in 2..=7 {
+        let count = 37;
+        let inputs: Vec<Vec<u8>> = (0..n)
+            .map(|r| {
+                (0..count)
+                    .flat_map(|i| ((i as f32 + 0.1) * (r as f32 + 1.3).powi(3) / 7.0).to_le_bytes())
+                    .collect()
+            })
+            .collect();
+        let mut results = Vec::new();
+        for algo in [Algorithm::Deterministic, Algorithm::Direct, Algorithm::Ring] {
+            let scheds: Vec<_> = (0..n)
+                .map(|r| {
+                    plan::schedule(
+                        Collective::AllReduce(RedOp::Sum),
+                        algo,
+                        n,
+                        r,
+                        count,
+                        4,
+                        false,
+                    )
+                    .unwrap()
+                })
+                .collect();
+            let mut outs = vec![vec![0u8; count * 4]; n];
+            {
+                let mut bufs: Vec<Buffers<'_>> = outs
+                    .iter_mut()
+                    .zip(&inputs)
+                    .map(|(o, i)| Buffers::separate(i, o, DataType::F32, RedOp::Sum, n))
+                    .collect();
+                sim::run(&scheds, &mut bufs).unwrap();
+            }
+            for r in 1..n {
+                assert_eq!(
+                    outs[r],
+                    outs[0],
+                    "{} rank {r} differs from rank 0",
+                    algo.name()
+                );
+            }
+            results.push(outs.swap_remove(0));
+        }
+        assert_eq!(
+            results[0], results[1],
+            "deterministic and direct differ at n={n}"
+        );
+    }
+}
