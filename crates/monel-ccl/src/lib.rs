@@ -13,13 +13,21 @@
 //!
 //! The same schedules run in memory in [`sim`], which the property tests use.
 
+pub mod bootstrap;
 pub mod buffers;
+pub mod comm;
 pub mod dtype;
 pub mod error;
+mod exec;
+pub mod link;
 pub mod plan;
 pub mod reduce;
 pub mod schedule;
 pub mod sim;
+pub mod tune;
 
+pub use bootstrap::UniqueId;
+pub use comm::{CommConfig, Communicator, Io};
 pub use dtype::{DataType, RedOp};
 pub use error::{CclError, ErrorKind, Result};
+pub use plan::{Algorithm, Collective};

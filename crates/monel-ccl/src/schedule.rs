@@ -273,7 +273,7 @@ fn gather_then_reduce(
     };
     let ops = s.step();
     ops.push(Op::Copy {
-        src: Span::of(Buf::Input, mine.clone()),
+        src: Span::of(Buf::Input, mine),
         dst: slot(r),
     });
     for p in (0..n).filter(|&p| p != r) {

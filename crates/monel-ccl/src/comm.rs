@@ -1,0 +1,679 @@
+//! The communicator: bootstrap, the collectives API (NCCL's argument order, bytes plus a
+//! data type), algorithm choice, timeouts that name the missing ranks, abort.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::bootstrap::{Launch, PeerAddrs, UniqueId, launch_from, mesh, rendezvous};
+use crate::buffers::Buffers;
+use crate::dtype::{DataType, RedOp};
+use crate::error::{CclError, ErrorKind, Result};
+use crate::exec::{self, Ctx, Links};
+use crate::link::{Link, Signature, TcpLink};
+use crate::plan::{self, Algorithm, Collective};
+use crate::tune;
+
+/// Settings (each has a `MONEL_*` variable; see [`CommConfig::from_env`]).
+#[derive(Debug, Clone)]
+pub struct CommConfig {
+    /// Every blocking call gives up after this long (`MONEL_TIMEOUT`, seconds; default 300).
+    pub timeout: Duration,
+    /// Force an algorithm (`MONEL_ALGO`: ring, direct, deterministic).
+    pub algo: Option<Algorithm>,
+    /// Pipelining slice of chains, bytes (`MONEL_CHUNK`; default 512 KiB).
+    pub chunk: usize,
+    /// Same bits for the same inputs whatever the size or algorithm (`MONEL_DETERMINISTIC=1`).
+    pub deterministic: bool,
+    /// Log connection paths and algorithm choices to stderr (`MONEL_DEBUG=INFO`).
+    pub debug: bool,
+}
+
+impl Default for CommConfig {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(300),
+            algo: None,
+            chunk: 512 << 10,
+            deterministic: false,
+            debug: false,
+        }
+    }
+}
+
+impl CommConfig {
+    /// Defaults overlaid with the `MONEL_*` variables; a malformed value is an error naming it.
+    pub fn from_env() -> Result<Self> {
+        Self::from_vars(&|k| std::env::var(k).ok())
+    }
+    /// As [`Self::from_env`], reading variables through `env`.
+    pub fn from_vars(env: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
+        let mut c = Self::default();
+        if let Some(v) = env("MONEL_TIMEOUT") {
+            let s: f64 = v
+                .parse()
+                .ok()
+                .filter(|s: &f64| *s > 0.0 && s.is_finite())
+                .ok_or_else(|| {
+                    CclError::invalid(format!("MONEL_TIMEOUT={v:?}: want seconds > 0"))
+                })?;
+            c.timeout = Duration::from_secs_f64(s);
+        }
+        if let Some(v) = env("MONEL_ALGO") {
+            c.algo = Some(Algorithm::parse(&v).ok_or_else(|| {
+                CclError::invalid(format!(
+                    "MONEL_ALGO={v:?}: want ring, direct or deterministic"
+                ))
+            })?);
+        }
+        if let Some(v) = env("MONEL_CHUNK") {
+            c.chunk =
+                v.parse().ok().filter(|&n: &usize| n >= 64).ok_or_else(|| {
+                    CclError::invalid(format!("MONEL_CHUNK={v:?}: want bytes >= 64"))
+                })?;
+        }
+        if let Some(v) = env("MONEL_DETERMINISTIC") {
+            c.deterministic = matches!(v.as_str(), "1" | "true" | "yes");
+        }
+        if let Some(v) = env("MONEL_DEBUG") {
+            c.debug = v.eq_ignore_ascii_case("INFO") || v.eq_ignore_ascii_case("TRACE");
+        }
+        Ok(c)
+    }
+}
+
+/// Buffers for one call: separate send and receive buffers, or one buffer in place (NCCL's
+/// conventions: see [`Collective::in_place_layout`]).
+pub enum Io<'a> {
+    /// Out of place.
+    Separate {
+        /// `sendbuff`.
+        send: &'a [u8],
+        /// `recvbuff`.
+        recv: &'a mut [u8],
+    },
+    /// In place.
+    InPlace(&'a mut [u8]),
+}
+
+/// What this rank is doing, for the status endpoint.
+struct Status {
+    seq: u64,
+    what: String,
+    state: &'static str,
+}
+
+/// A communicator (`ncclComm_t`) for CPU memory.
+pub struct Communicator {
+    rank: usize,
+    nranks: usize,
+    cfg: CommConfig,
+    links: Links,
+    table: Vec<PeerAddrs>,
+    seq: u64,
+    status: Arc<Mutex<Status>>,
+    stop: Arc<AtomicBool>,
+    failed: Option<CclError>,
+    paths: Vec<String>,
+}
+
+fn coll_code(c: Collective) -> u8 {
+    match c {
+        Collective::AllReduce(_) => 1,
+        Collective::Broadcast(_) => 2,
+        Collective::Reduce(..) => 3,
+        Collective::AllGather => 4,
+        Collective::ReduceScatter(_) => 5,
+        Collective::AllToAll => 6,
+        Collective::Gather(_) => 7,
+        Collective::Scatter(_) => 8,
+        Collective::Barrier => 9,
+    }
+}
+
+fn describe_sig(s: &Signature) -> String {
+    let coll = match s.coll {
+        1 => "all_reduce",
+        2 => "broadcast",
+        3 => "reduce",
+        4 => "all_gather",
+        5 => "reduce_scatter",
+        6 => "alltoall",
+        7 => "gather",
+        8 => "scatter",
+        9 => "barrier",
+        _ => "an unknown operation",
+    };
+    let dt = DataType::ALL
+        .into_iter()
+        .find(|t| t.code() == s.dtype)
+        .map_or("?", DataType::name);
+    let op = RedOp::ALL
+        .into_iter()
+        .find(|o| o.code() == s.op)
+        .map_or("?", RedOp::name);
+    let mut out = format!("{coll} #{} count {} {dt}", s.seq, s.count);
+    if matches!(s.coll, 1 | 3 | 5) {
+        out += &format!(" op {op}");
+    }
+    if matches!(s.coll, 2 | 3 | 7 | 8) {
+        out += &format!(" root {}", s.root);
+    }
+    out
+}
+
+/// Answers status queries with `seq <n> <state> <what>` until `stop`.
+fn serve_status(l: TcpListener, status: Arc<Mutex<Status>>, stop: Arc<AtomicBool>) {
+    let _ = std::thread::Builder::new()
+        .name("monel-status".into())
+        .spawn(move || {
+            for c in l.incoming() {
+                if stop.load(Ordering::Acquire) {
+                    return;
+                }
+                let Ok(mut s) = c else { continue };
+                let line = {
+                    let st = status.lock().unwrap_or_else(PoisonError::into_inner);
+                    format!("seq {} {} {}\n", st.seq, st.state, st.what)
+                };
+                let _ = s.write_all(line.as_bytes());
+            }
+        });
+}
+
+fn query_status(addr: SocketAddr) -> std::result::Result<(u64, String), String> {
+    let mut s =
+        TcpStream::connect_timeout(&addr, Duration::from_millis(500)).map_err(|e| e.to_string())?;
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut line = String::new();
+    s.read_to_string(&mut line).map_err(|e| e.to_string())?;
+    let rest = line.trim().strip_prefix("seq ").ok_or("garbled status")?;
+    let (n, text) = rest.split_once(' ').ok_or("garbled status")?;
+    Ok((n.parse().map_err(|_| "garbled status")?, text.to_string()))
+}
+
+impl Communicator {
+    /// Joins the communicator `id` names as rank `rank` of `nranks` (`ncclCommInitRank`).
+    pub fn init_rank(nranks: usize, rank: usize, id: &UniqueId, cfg: CommConfig) -> Result<Self> {
+        if nranks == 0 || rank >= nranks {
+            return Err(CclError::invalid(format!(
+                "rank {rank} of {nranks}: want 0 <= rank < nranks"
+            )));
+        }
+        let deadline = Instant::now() + cfg.timeout;
+        // Listen where the root is reachable from: the same local address.
+        let local_ip = match TcpStream::connect_timeout(&id.root, Duration::from_secs(1)) {
+            Ok(s) => s.local_addr().map(|a| a.ip()).unwrap_or(id.root.ip()),
+            Err(_) => id.root.ip(),
+        };
+        let listener =
+            TcpListener::bind((local_ip, 0)).map_err(|e| CclError::io("bind data listener", e))?;
+        let status_l = TcpListener::bind((local_ip, 0))
+            .map_err(|e| CclError::io("bind status listener", e))?;
+        let mine = PeerAddrs {
+            data: listener
+                .local_addr()
+                .map_err(|e| CclError::io("listener", e))?,
+            status: status_l
+                .local_addr()
+                .map_err(|e| CclError::io("listener", e))?,
+        };
+        let status = Arc::new(Mutex::new(Status {
+            seq: 0,
+            what: "init".into(),
+            state: "running",
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        serve_status(status_l, status.clone(), stop.clone());
+        let table = rendezvous(id, nranks, rank, &mine, deadline)?;
+        let streams = mesh(&listener, &table, rank, id.token, deadline)?;
+        let mut links: Vec<Option<Box<dyn Link>>> = Vec::with_capacity(nranks);
+        let mut paths = Vec::new();
+        for (j, s) in streams.into_iter().enumerate() {
+            match s {
+                Some(s) => {
+                    links.push(Some(Box::new(
+                        TcpLink::new(s).map_err(|e| CclError::io("link", e))?,
+                    )));
+                    paths.push(format!(
+                        "rank {rank} -> {j} via TCP {} -> {} (no shared-memory or RDMA transport in this build)",
+                        mine.data.ip(),
+                        table[j].data
+                    ));
+                }
+                None => links.push(None),
+            }
+        }
+        if cfg.debug {
+            for p in &paths {
+                eprintln!("monel INFO {p}");
+            }
+        }
+        status.lock().unwrap_or_else(PoisonError::into_inner).state = "idle";
+        Ok(Self {
+            rank,
+            nranks,
+            cfg,
+            links: Links {
+                links,
+                closed: vec![false; nranks],
+            },
+            table,
+            seq: 0,
+            status,
+            stop,
+            failed: None,
+            paths,
+        })
+    }
+
+    /// Joins from the launcher's environment (torchrun, Slurm, mpirun or `MONEL_*`), with
+    /// the configuration from `MONEL_*` variables.
+    pub fn from_env() -> Result<Self> {
+        let l: Launch = launch_from(&|k| std::env::var(k).ok())?;
+        let cfg = CommConfig::from_env()?;
+        // The launcher names no rendezvous process: rank 0 serves it.
+        if l.rank == 0 && std::env::var_os("MONEL_UNIQUE_ID").is_none() {
+            serve_env_root(&l)?;
+        }
+        Self::init_rank(l.nranks, l.rank, &l.id, cfg)
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    /// Ranks in all.
+    pub fn size(&self) -> usize {
+        self.nranks
+    }
+    /// One line per connection: the path it took and why.
+    pub fn paths(&self) -> &[String] {
+        &self.paths
+    }
+    /// The configuration.
+    pub fn config(&self) -> &CommConfig {
+        &self.cfg
+    }
+
+    /// The algorithm a call would use.
+    pub fn algorithm_for(&self, coll: Collective, dtype: DataType, count: usize) -> Algorithm {
+        if self.cfg.deterministic && matches!(coll, Collective::AllReduce(_)) {
+            return Algorithm::Deterministic;
+        }
+        if let Some(a) = self.cfg.algo.filter(|a| coll.algorithms().contains(a)) {
+            return a;
+        }
+        tune::choose(coll, self.nranks, count * dtype.size(), self.cfg.chunk)
+    }
+
+    /// Runs a collective on raw bytes. Validation errors leave the communicator usable;
+    /// failures during communication abort it (later calls return [`ErrorKind::Aborted`]).
+    pub fn collective(
+        &mut self,
+        coll: Collective,
+        dtype: DataType,
+        count: usize,
+        io: Io<'_>,
+    ) -> Result<()> {
+        if let Some(e) = &self.failed {
+            return Err(CclError::new(
+                ErrorKind::Aborted,
+                format!("communicator failed earlier: {e}"),
+            ));
+        }
+        let (n, r, es) = (self.nranks, self.rank, dtype.size());
+        if let Some(root) = coll.root() {
+            if root >= n {
+                return Err(CclError::invalid(format!(
+                    "{}: root {root} is not a rank (0..{n})",
+                    coll.name()
+                )));
+            }
+        }
+        let (need_in, need_out) = coll.sizes(n, r, count);
+        let in_place = matches!(io, Io::InPlace(_));
+        let op = coll.op().unwrap_or(RedOp::Sum);
+        let mut bufs = match io {
+            Io::Separate { send, recv } => {
+                if send.len() < need_in * es {
+                    return Err(CclError::invalid(format!(
+                        "{}: sendbuff has {} bytes, {need_in} {dtype} elements need {}",
+                        coll.name(),
+                        send.len(),
+                        need_in * es
+                    )));
+                }
+                if recv.len() < need_out * es {
+                    return Err(CclError::invalid(format!(
+                        "{}: recvbuff has {} bytes, {need_out} {dtype} elements need {}",
+                        coll.name(),
+                        recv.len(),
+                        need_out * es
+                    )));
+                }
+                Buffers::separate(
+                    &send[..need_in * es],
+                    &mut recv[..need_out * es],
+                    dtype,
+                    op,
+                    n,
+                )
+            }
+            Io::InPlace(buf) => {
+                let (len, io_, oo) = coll.in_place_layout(n, r, count).ok_or_else(|| {
+                    CclError::invalid(format!("{} has no in-place form", coll.name()))
+                })?;
+                if buf.len() < len * es {
+                    return Err(CclError::invalid(format!(
+                        "{} in place: buffer has {} bytes, needs {}",
+                        coll.name(),
+                        buf.len(),
+                        len * es
+                    )));
+                }
+                Buffers::in_place(&mut buf[..len * es], io_, oo, dtype, op, n)
+            }
+        };
+        let algo = self.algorithm_for(coll, dtype, count);
+        let slice = (self.cfg.chunk / es).max(1);
+        let sched = plan::schedule(coll, algo, n, r, count, slice, in_place)?;
+        self.seq += 1;
+        let sig = Signature {
+            seq: self.seq,
+            coll: coll_code(coll),
+            dtype: dtype.code(),
+            op: op.code(),
+            root: coll.root().unwrap_or(0) as u32,
+            count: count as u64,
+        };
+        let what = describe_sig(&sig);
+        {
+            let mut st = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+            st.seq = self.seq;
+            st.what.clone_from(&what);
+            st.state = "running";
+        }
+        if self.cfg.debug {
+            eprintln!(
+                "monel INFO rank {r}: {what} via {} ({} steps)",
+                algo.name(),
+                sched.steps.len()
+            );
+        }
+        let mut ctx = Ctx {
+            links: &mut self.links,
+            sig,
+            what: what.clone(),
+            deadline: Instant::now() + self.cfg.timeout,
+            describe: &describe_sig,
+        };
+        let res = exec::run(&mut ctx, &sched, &mut bufs);
+        let res = match res {
+            Err(e) if e.kind == ErrorKind::Timeout => Err(self.name_missing(&what, e)),
+            r => r,
+        };
+        let mut st = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+        match res {
+            Ok(()) => {
+                st.state = "done";
+                Ok(())
+            }
+            Err(e) => {
+                st.state = "failed";
+                drop(st);
+                // A timeout is every waiting rank's own to find (each names the missing ranks).
+                if !matches!(
+                    e.kind,
+                    ErrorKind::RemoteAbort | ErrorKind::PeerLost | ErrorKind::Timeout
+                ) {
+                    exec::send_abort(&mut self.links, sig, &format!("rank {r}: {e}"));
+                }
+                self.failed = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    /// Turns a timeout into an error naming every rank that is not in this collective, with
+    /// the operation it was last seen in (from each rank's status endpoint).
+    fn name_missing(&self, what: &str, e: CclError) -> CclError {
+        let mut missing = Vec::new();
+        let mut notes = Vec::new();
+        for (j, p) in self.table.iter().enumerate() {
+            if j == self.rank {
+                continue;
+            }
+            match query_status(p.status) {
+                Ok((seq, text)) if seq < self.seq => {
+                    missing.push(j);
+                    let (state, op) = text.split_once(' ').unwrap_or((text.as_str(), ""));
+                    notes.push(format!("rank {j} last seen in {op} ({state})"));
+                }
+                Ok(_) => {}
+                Err(why) => {
+                    missing.push(j);
+                    notes.push(format!("rank {j} unreachable ({why}): dead?"));
+                }
+            }
+        }
+        if missing.is_empty() {
+            return CclError::new(
+                ErrorKind::Timeout,
+                format!("{}; every rank is in it ({})", e.message, what),
+            )
+            .with_ranks(e.ranks);
+        }
+        CclError::new(
+            ErrorKind::Timeout,
+            format!(
+                "{what}: timed out after {:.1} s; ranks {missing:?} never arrived: {}",
+                self.cfg.timeout.as_secs_f64(),
+                notes.join("; ")
+            ),
+        )
+        .with_ranks(missing)
+    }
+
+    /// Aborts: tells every peer, closes the links; every later call fails at once.
+    pub fn abort(&mut self, reason: &str) {
+        let sig = Signature {
+            seq: self.seq,
+            coll: 0,
+            dtype: 0,
+            op: 0,
+            root: 0,
+            count: 0,
+        };
+        exec::send_abort(
+            &mut self.links,
+            sig,
+            &format!("rank {} aborted: {reason}", self.rank),
+        );
+        self.failed = Some(CclError::new(
+            ErrorKind::Aborted,
+            format!("aborted: {reason}"),
+        ));
+        self.links.links.iter_mut().for_each(|l| *l = None);
+    }
+
+    /// AllReduce (`ncclAllReduce`).
+    pub fn all_reduce(
+        &mut self,
+        send: &[u8],
+        recv: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        op: RedOp,
+    ) -> Result<()> {
+        self.collective(
+            Collective::AllReduce(op),
+            dtype,
+            count,
+            Io::Separate { send, recv },
+        )
+    }
+    /// AllReduce in place.
+    pub fn all_reduce_in_place(
+        &mut self,
+        buf: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        op: RedOp,
+    ) -> Result<()> {
+        self.collective(Collective::AllReduce(op), dtype, count, Io::InPlace(buf))
+    }
+    /// Broadcast (`ncclBroadcast`); `send` is read at the root only.
+    pub fn broadcast(
+        &mut self,
+        send: &[u8],
+        recv: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<()> {
+        self.collective(
+            Collective::Broadcast(root),
+            dtype,
+            count,
+            Io::Separate { send, recv },
+        )
+    }
+    /// Broadcast in place (`ncclBcast`).
+    pub fn broadcast_in_place(
+        &mut self,
+        buf: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<()> {
+        self.collective(Collective::Broadcast(root), dtype, count, Io::InPlace(buf))
+    }
+    /// Reduce (`ncclReduce`); `recv` is written at the root only.
+    pub fn reduce(
+        &mut self,
+        send: &[u8],
+        recv: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        op: RedOp,
+        root: usize,
+    ) -> Result<()> {
+        self.collective(
+            Collective::Reduce(op, root),
+            dtype,
+            count,
+            Io::Separate { send, recv },
+        )
+    }
+    /// AllGather (`ncclAllGather`): `count` elements per rank.
+    pub fn all_gather(
+        &mut self,
+        send: &[u8],
+        recv: &mut [u8],
+        count: usize,
+        dtype: DataType,
+    ) -> Result<()> {
+        self.collective(
+            Collective::AllGather,
+            dtype,
+            count,
+            Io::Separate { send, recv },
+        )
+    }
+    /// ReduceScatter (`ncclReduceScatter`): `count` elements per rank.
+    pub fn reduce_scatter(
+        &mut self,
+        send: &[u8],
+        recv: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        op: RedOp,
+    ) -> Result<()> {
+        self.collective(
+            Collective::ReduceScatter(op),
+            dtype,
+            count,
+            Io::Separate { send, recv },
+        )
+    }
+    /// AlltoAll (`ncclAlltoAll`): `count` elements per pair.
+    pub fn all_to_all(
+        &mut self,
+        send: &[u8],
+        recv: &mut [u8],
+        count: usize,
+        dtype: DataType,
+    ) -> Result<()> {
+        self.collective(
+            Collective::AllToAll,
+            dtype,
+            count,
+            Io::Separate { send, recv },
+        )
+    }
+    /// Gather (`ncclGather`).
+    pub fn gather(
+        &mut self,
+        send: &[u8],
+        recv: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<()> {
+        self.collective(
+            Collective::Gather(root),
+            dtype,
+            count,
+            Io::Separate { send, recv },
+        )
+    }
+    /// Scatter (`ncclScatter`).
+    pub fn scatter(
+        &mut self,
+        send: &[u8],
+        recv: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<()> {
+        self.collective(
+            Collective::Scatter(root),
+            dtype,
+            count,
+            Io::Separate { send, recv },
+        )
+    }
+    /// Barrier.
+    pub fn barrier(&mut self) -> Result<()> {
+        self.collective(Collective::Barrier, DataType::U8, 0, Io::InPlace(&mut []))
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        if self.failed.is_none() {
+            let sig = Signature {
+                seq: self.seq,
+                coll: 0,
+                dtype: 0,
+                op: 0,
+                root: 0,
+                count: 0,
+            };
+            exec::send_close(&mut self.links, sig);
+        }
+        self.stop.store(true, Ordering::Release);
+        // Wake the status thread so it sees the flag.
+        if let Some(me) = self.table.get(self.rank) {
+            let _ = TcpStream::connect_timeout(&me.status, Duration::from_millis(100));
+        }
+    }
+}
+
+/// Rank 0 of an environment launch serves the rendezvous at the address the launcher gave.
+fn serve_env_root(l: &Launch) -> Result<()> {
+    crate::bootstrap::serve_at(l.id.root, l.id.token)
+}

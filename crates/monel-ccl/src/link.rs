@@ -1,0 +1,163 @@
+//! Links: a reliable, ordered byte stream to one peer, driven without blocking, and the
+//! frames the executor sends over it. TCP is the first transport (any two hosts); shared
+//! memory and the soft RNIC plug in behind the same trait.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, RawFd};
+
+/// One peer's connection.
+pub trait Link: Send {
+    /// Transport name for logs (`TCP`, `SHM`, `RoCE`).
+    fn kind(&self) -> &'static str;
+    /// Writes what it can without blocking (`Ok(0)` when full).
+    fn write_some(&mut self, data: &[u8]) -> io::Result<usize>;
+    /// Reads what is there without blocking; `Err(UnexpectedEof)` once the peer closed.
+    fn read_some(&mut self, buf: &mut [u8]) -> io::Result<usize>;
+    /// Looks at what is there without consuming it (`Err(UnexpectedEof)` once closed).
+    fn peek(&self, buf: &mut [u8]) -> io::Result<usize>;
+    /// The descriptor to sleep on.
+    fn fd(&self) -> RawFd;
+}
+
+/// A TCP connection (non-blocking, Nagle off).
+pub struct TcpLink {
+    stream: TcpStream,
+}
+
+impl TcpLink {
+    /// Wraps a connected stream.
+    pub fn new(stream: TcpStream) -> io::Result<Self> {
+        stream.set_nodelay(true)?;
+        stream.set_nonblocking(true)?;
+        Ok(Self { stream })
+    }
+}
+
+fn nb(r: io::Result<usize>) -> io::Result<usize> {
+    match r {
+        Ok(0) => Err(io::ErrorKind::UnexpectedEof.into()),
+        Ok(n) => Ok(n),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+impl Link for TcpLink {
+    fn kind(&self) -> &'static str {
+        "TCP"
+    }
+    fn write_some(&mut self, data: &[u8]) -> io::Result<usize> {
+        if data.is_empty() {
+            return Ok(0);
+        }
+        match self.stream.write(data) {
+            Ok(n) => Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+    fn read_some(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        nb(self.stream.read(buf))
+    }
+    fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        nb(self.stream.peek(buf))
+    }
+    fn fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+}
+
+/// Frame kinds.
+pub(crate) const FRAME_DATA: u8 = 0;
+/// The sender aborted the collective; the payload is its reason.
+pub(crate) const FRAME_ABORT: u8 = 1;
+/// The sender destroyed its communicator.
+pub(crate) const FRAME_CLOSE: u8 = 2;
+
+/// Frame header length.
+pub(crate) const HEADER_LEN: usize = 32;
+const MAGIC: u32 = 0x4d4e_4c31; // "MNL1"
+
+/// What every message of a collective carries, so ranks that disagree find out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Signature {
+    /// The collective's sequence number on the communicator.
+    pub(crate) seq: u64,
+    pub(crate) coll: u8,
+    pub(crate) dtype: u8,
+    pub(crate) op: u8,
+    pub(crate) root: u32,
+    pub(crate) count: u64,
+}
+
+/// A frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Header {
+    pub(crate) kind: u8,
+    pub(crate) sig: Signature,
+    pub(crate) len: u32,
+}
+
+impl Header {
+    pub(crate) fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4] = self.kind;
+        b[5] = self.sig.coll;
+        b[6] = self.sig.dtype;
+        b[7] = self.sig.op;
+        b[8..16].copy_from_slice(&self.sig.seq.to_le_bytes());
+        b[16..24].copy_from_slice(&self.sig.count.to_le_bytes());
+        b[24..28].copy_from_slice(&self.sig.root.to_le_bytes());
+        b[28..32].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+    /// None if the magic is wrong (garbage on the link).
+    pub(crate) fn decode(b: &[u8; HEADER_LEN]) -> Option<Self> {
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8"));
+        (u32_at(0) == MAGIC).then(|| Self {
+            kind: b[4],
+            sig: Signature {
+                coll: b[5],
+                dtype: b[6],
+                op: b[7],
+                seq: u64_at(8),
+                count: u64_at(16),
+                root: u32_at(24),
+            },
+            len: u32_at(28),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trip_and_bad_magic() {
+        let h = Header {
+            kind: FRAME_DATA,
+            sig: Signature {
+                seq: 7,
+                coll: 1,
+                dtype: 7,
+                op: 0,
+                root: 3,
+                count: 1 << 40,
+            },
+            len: 4096,
+        };
+        assert_eq!(Header::decode(&h.encode()), Some(h));
+        let mut b = h.encode();
+        b[0] ^= 1;
+        assert_eq!(Header::decode(&b), None);
+    }
+}

@@ -1,0 +1,252 @@
+//! Communicators over real TCP sockets on loopback, one thread per rank: every collective
+//! against a reference, and the failure cases (mismatch, a missing rank, a departed rank,
+//! bad arguments, a wrong unique id) each end with a clear error on every rank, never a hang.
+
+use std::time::{Duration, Instant};
+
+use monel_ccl::{CommConfig, Communicator, DataType, ErrorKind, RedOp, UniqueId};
+
+fn f32s(v: impl IntoIterator<Item = f32>) -> Vec<u8> {
+    v.into_iter().flat_map(f32::to_le_bytes).collect()
+}
+fn to_f32(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Runs `f(comm)` on `n` ranks (threads) of one communicator; returns each rank's result.
+fn ranks<T: Send + 'static>(
+    n: usize,
+    timeout: Duration,
+    f: impl Fn(&mut Communicator) -> T + Send + Sync + Clone + 'static,
+) -> Vec<T> {
+    let id = UniqueId::create("127.0.0.1:0".parse().unwrap()).unwrap();
+    let hs: Vec<_> = (0..n)
+        .map(|r| {
+            let (id, f) = (id.clone(), f.clone());
+            std::thread::spawn(move || {
+                let cfg = CommConfig {
+                    timeout,
+                    ..CommConfig::default()
+                };
+                let mut c = Communicator::init_rank(n, r, &id, cfg).unwrap();
+                f(&mut c)
+            })
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn every_collective_over_tcp() {
+    for n in [1, 3, 4] {
+        let out = ranks(n, Duration::from_secs(20), move |c| {
+            let (r, n) = (c.rank(), c.size());
+            let count = 1000 + 3; // not a multiple of n
+            let mine = f32s((0..count).map(|i| (i % 13) as f32 + r as f32));
+            // AllReduce, large enough for the ring and small for direct.
+            let mut out = vec![0u8; count * 4];
+            c.all_reduce(&mine, &mut out, count, DataType::F32, RedOp::Sum)
+                .unwrap();
+            let want: Vec<f32> = (0..count)
+                .map(|i| (0..n).map(|q| (i % 13) as f32 + q as f32).sum())
+                .collect();
+            assert_eq!(to_f32(&out), want, "all_reduce rank {r}");
+            let mut small = f32s([r as f32 + 1.0]);
+            c.all_reduce_in_place(&mut small, 1, DataType::F32, RedOp::Max)
+                .unwrap();
+            assert_eq!(to_f32(&small), [n as f32]);
+            // Broadcast from the last rank, in place.
+            let mut b = if r == n - 1 {
+                f32s((0..count).map(|i| i as f32))
+            } else {
+                vec![0; count * 4]
+            };
+            c.broadcast_in_place(&mut b, count, DataType::F32, n - 1)
+                .unwrap();
+            assert_eq!(to_f32(&b), (0..count).map(|i| i as f32).collect::<Vec<_>>());
+            // Reduce to rank 0 (avg).
+            let mut red = vec![0u8; count * 4];
+            c.reduce(&mine, &mut red, count, DataType::F32, RedOp::Avg, 0)
+                .unwrap();
+            if r == 0 {
+                let avg: Vec<f32> = want.iter().map(|s| s / n as f32).collect();
+                assert_eq!(to_f32(&red), avg);
+            }
+            // AllGather and ReduceScatter (i32).
+            let per = 5;
+            let g_in: Vec<u8> = (0..per)
+                .flat_map(|i| (r as i32 * 100 + i).to_le_bytes())
+                .collect();
+            let mut g_out = vec![0u8; n * per as usize * 4];
+            c.all_gather(&g_in, &mut g_out, per as usize, DataType::I32)
+                .unwrap();
+            let want_g: Vec<u8> = (0..n as i32)
+                .flat_map(|q| (0..per).flat_map(move |i| (q * 100 + i).to_le_bytes()))
+                .collect();
+            assert_eq!(g_out, want_g);
+            let rs_in: Vec<u8> = (0..n * per as usize)
+                .flat_map(|i| (i as i32).to_le_bytes())
+                .collect();
+            let mut rs_out = vec![0u8; per as usize * 4];
+            c.reduce_scatter(&rs_in, &mut rs_out, per as usize, DataType::I32, RedOp::Sum)
+                .unwrap();
+            let want_rs: Vec<u8> = (0..per as usize)
+                .flat_map(|i| ((r * per as usize + i) as i32 * n as i32).to_le_bytes())
+                .collect();
+            assert_eq!(rs_out, want_rs);
+            // AlltoAll (u8), Gather and Scatter.
+            let a_in: Vec<u8> = (0..n).map(|j| (r * 10 + j) as u8).collect();
+            let mut a_out = vec![0u8; n];
+            c.all_to_all(&a_in, &mut a_out, 1, DataType::U8).unwrap();
+            assert_eq!(
+                a_out,
+                (0..n).map(|j| (j * 10 + r) as u8).collect::<Vec<_>>()
+            );
+            let mut gat = vec![0u8; n];
+            c.gather(&[r as u8], &mut gat, 1, DataType::U8, 0).unwrap();
+            if r == 0 {
+                assert_eq!(gat, (0..n).map(|j| j as u8).collect::<Vec<_>>());
+            }
+            let sc_in: Vec<u8> = (0..n).map(|j| 50 + j as u8).collect();
+            let mut sc = [0u8];
+            c.scatter(&sc_in, &mut sc, 1, DataType::U8, 0).unwrap();
+            assert_eq!(sc[0], 50 + r as u8);
+            c.barrier().unwrap();
+            // A large all-reduce (several frames per message, staged reduction).
+            let big = 3 << 20;
+            let v = f32s((0..big).map(|i| ((i * 7 + r) % 11) as f32));
+            let mut o = vec![0u8; big * 4];
+            c.all_reduce(&v, &mut o, big, DataType::F32, RedOp::Sum)
+                .unwrap();
+            let got = to_f32(&o);
+            for i in (0..big).step_by(9973) {
+                let w: f32 = (0..n).map(|q| ((i * 7 + q) % 11) as f32).sum();
+                assert_eq!(got[i], w, "element {i}");
+            }
+        });
+        assert_eq!(out.len(), n);
+    }
+}
+
+#[test]
+fn mismatched_collectives_fail_on_every_rank() {
+    let t0 = Instant::now();
+    let errs = ranks(3, Duration::from_secs(10), |c| {
+        let mut b = f32s([1.0, 2.0]);
+        if c.rank() == 1 {
+            c.broadcast_in_place(&mut b, 2, DataType::F32, 0)
+                .unwrap_err()
+        } else {
+            c.all_reduce_in_place(&mut b, 2, DataType::F32, RedOp::Sum)
+                .unwrap_err()
+        }
+    });
+    assert!(
+        t0.elapsed() < Duration::from_secs(8),
+        "errors must come before the timeout"
+    );
+    for (r, e) in errs.iter().enumerate() {
+        assert!(
+            matches!(e.kind, ErrorKind::Mismatch | ErrorKind::RemoteAbort),
+            "rank {r}: {e}"
+        );
+    }
+    let m = errs
+        .iter()
+        .find(|e| e.kind == ErrorKind::Mismatch)
+        .expect("someone saw the mismatch");
+    assert!(
+        m.message.contains("broadcast") && m.message.contains("all_reduce"),
+        "{m}"
+    );
+}
+
+#[test]
+fn a_missing_rank_is_named_with_where_it_was() {
+    let errs = ranks(3, Duration::from_millis(1500), |c| {
+        c.barrier().unwrap();
+        if c.rank() == 2 {
+            // Rank 2 never calls the all-reduce; it waits until the others gave up.
+            std::thread::sleep(Duration::from_secs(4));
+            return None;
+        }
+        let mut b = f32s([1.0]);
+        Some(
+            c.all_reduce_in_place(&mut b, 1, DataType::F32, RedOp::Sum)
+                .unwrap_err(),
+        )
+    });
+    for e in errs.into_iter().flatten() {
+        assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
+        assert_eq!(e.ranks, vec![2], "{e}");
+        assert!(e.message.contains("rank 2 last seen in barrier #1"), "{e}");
+    }
+}
+
+#[test]
+fn a_departed_rank_fails_its_peers_fast() {
+    let t0 = Instant::now();
+    let errs = ranks(3, Duration::from_secs(20), |c| {
+        if c.rank() == 0 {
+            return None; // drops its communicator: its peers get a goodbye
+        }
+        let mut b = f32s([1.0; 64]);
+        Some(
+            c.all_reduce_in_place(&mut b, 64, DataType::F32, RedOp::Sum)
+                .unwrap_err(),
+        )
+    });
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    for e in errs.into_iter().flatten() {
+        assert!(
+            matches!(e.kind, ErrorKind::PeerLost | ErrorKind::RemoteAbort),
+            "{e}"
+        );
+        assert!(e.message.contains("rank 0") || e.ranks.contains(&0), "{e}");
+    }
+}
+
+#[test]
+fn bad_arguments_are_refused_locally_and_the_communicator_lives_on() {
+    ranks(2, Duration::from_secs(10), |c| {
+        let mut out = [0u8; 8];
+        let e = c
+            .broadcast(&[0; 8], &mut out, 2, DataType::F32, 5)
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(e.message.contains("root 5"), "{e}");
+        let e = c
+            .all_gather(&[0; 8], &mut out, 2, DataType::F32)
+            .unwrap_err();
+        assert!(e.message.contains("recvbuff has 8 bytes"), "{e}");
+        let e = c
+            .collective(
+                monel_ccl::Collective::AllToAll,
+                DataType::U8,
+                1,
+                monel_ccl::Io::InPlace(&mut out),
+            )
+            .unwrap_err();
+        assert!(e.message.contains("no in-place form"), "{e}");
+        // Still usable.
+        let mut b = [1u8];
+        c.all_reduce_in_place(&mut b, 1, DataType::U8, RedOp::Sum)
+            .unwrap();
+        assert_eq!(b[0], 2);
+    });
+}
+
+#[test]
+fn a_wrong_unique_id_is_refused() {
+    let id = UniqueId::create("127.0.0.1:0".parse().unwrap()).unwrap();
+    let mut wrong = id;
+    wrong.token[0] ^= 1;
+    let cfg = CommConfig {
+        timeout: Duration::from_secs(3),
+        ..CommConfig::default()
+    };
+    let e = Communicator::init_rank(2, 1, &wrong, cfg).err().unwrap();
+    assert!(e.message.contains("wrong unique id"), "{e}");
+}
