@@ -1,8 +1,10 @@
 //! `monel`: the command-line face of Monel. Thin over the libraries.
 
+mod bench;
 mod connect;
 mod devices;
 mod dump;
+mod launch;
 mod perf;
 mod pingpong;
 mod sim;
@@ -37,6 +39,11 @@ enum Cmd {
     Switch(switch::SwitchArgs),
     /// One verified bulk RDMA WRITE (default 1 GiB): goodput, recovery counters, DCQCN.
     Transfer(transfer::TransferArgs),
+    /// Run N local ranks of a command with torchrun's variables (MASTER_ADDR, RANK, ...).
+    Launch(launch::LaunchArgs),
+    /// nccl-tests-style collective benchmark (run under `monel launch`, torchrun, Slurm or
+    /// mpirun): size, count, type, redop, root, time, algbw, busbw, #wrong.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -48,5 +55,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Perf(a) => perf::run(&a),
         Cmd::Switch(a) => switch::run(&a),
         Cmd::Transfer(a) => transfer::run(&a),
+        Cmd::Launch(a) => launch::run(&a),
+        Cmd::Bench(a) => bench::run(&a),
     }
 }

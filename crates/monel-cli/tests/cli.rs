@@ -248,3 +248,62 @@ fn perf_refuses_a_peer_without_the_secret() {
     let (code, sout) = finish(srv);
     assert_ne!(code, 0, "{sout}");
 }
+
+/// `monel launch` starts three ranks of `monel bench`, which bootstrap from torchrun's
+/// variables, run every size out of place and in place, and check every element.
+#[test]
+fn launch_runs_a_checked_collective_benchmark() {
+    for op in ["all_reduce", "reduce_scatter", "alltoall"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_monel"))
+            .args([
+                "launch",
+                "-n",
+                "3",
+                "--",
+                env!("CARGO_BIN_EXE_monel"),
+                "bench",
+                op,
+            ])
+            .args(["-b", "8", "-e", "96K", "-f", "16", "-n", "2"])
+            .env("MONEL_TIMEOUT", "30")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{op}: {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains("# Out of bounds values : 0 OK"),
+            "{op}: {text}"
+        );
+        assert_eq!(
+            text.lines().filter(|l| !l.starts_with('#')).count(),
+            4, // 8 B, 128 B, 2 KiB, 32 KiB
+            "{op}: {text}"
+        );
+    }
+}
+
+/// A rank that dies takes the job down with a non-zero status, and the survivors say
+/// which rank is gone instead of hanging.
+#[test]
+fn launch_reports_a_failed_rank() {
+    let out = Command::new(env!("CARGO_BIN_EXE_monel"))
+        .args([
+            "launch",
+            "-n",
+            "2",
+            "--",
+            env!("CARGO_BIN_EXE_monel"),
+            "bench",
+            "all_reduce",
+            "-d",
+            "nosuchtype",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown data type"));
+}
