@@ -287,18 +287,32 @@ fn gather_then_reduce(
             reduce: false,
         });
     }
-    let dst = Span {
-        buf: Buf::Output,
-        off: out,
-        len,
+    reduce_slots(
+        &mut s,
+        n,
+        Span {
+            buf: Buf::Output,
+            off: out,
+            len,
+        },
+        avg,
+    );
+    s
+}
+
+/// A step that reduces the n scratch slots (slot p at `p * dst.len`) in rank order into `dst`.
+fn reduce_slots(s: &mut Schedule, n: usize, dst: Span, avg: bool) {
+    let slot = |p: usize| Span {
+        buf: Buf::Scratch,
+        off: p * dst.len,
+        len: dst.len,
     };
     let ops = s.step();
     ops.push(Op::Copy { src: slot(0), dst });
     for p in 1..n {
         ops.push(Op::Reduce { src: slot(p), dst });
     }
-    finish_avg(&mut s, avg, dst);
-    s
+    finish_avg(s, avg, dst);
 }
 
 /// ReduceScatter by ring: `Input` holds n * count elements, `Output` receives rank r's count.
@@ -375,13 +389,7 @@ pub fn reduce_direct(n: usize, r: usize, count: usize, root: usize, avg: bool) -
             reduce: false,
         });
     }
-    let dst = Span::of(Buf::Output, 0..count);
-    let ops = s.step();
-    ops.push(Op::Copy { src: slot(0), dst });
-    for p in 1..n {
-        ops.push(Op::Reduce { src: slot(p), dst });
-    }
-    finish_avg(&mut s, avg, dst);
+    reduce_slots(&mut s, n, Span::of(Buf::Output, 0..count), avg);
     s
 }
 
