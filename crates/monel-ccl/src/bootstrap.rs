@@ -203,21 +203,17 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend(s.as_bytes());
 }
 
-fn read_exact_until(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<()> {
-    s.read_exact(buf)
-}
-
 fn get_str(s: &mut TcpStream) -> std::io::Result<String> {
     let mut l = [0u8; 2];
-    read_exact_until(s, &mut l)?;
+    s.read_exact(&mut l)?;
     let mut b = vec![0u8; u16::from_le_bytes(l) as usize];
-    read_exact_until(s, &mut b)?;
+    s.read_exact(&mut b)?;
     String::from_utf8(b).map_err(|_| std::io::ErrorKind::InvalidData.into())
 }
 
 fn get_u32(s: &mut TcpStream) -> std::io::Result<u32> {
     let mut b = [0u8; 4];
-    read_exact_until(s, &mut b)?;
+    s.read_exact(&mut b)?;
     Ok(u32::from_le_bytes(b))
 }
 

@@ -259,6 +259,7 @@ impl Communicator {
             links: Links {
                 links,
                 closed: vec![false; nranks],
+                mid_frame: vec![false; nranks],
             },
             table,
             seq: 0,
@@ -424,12 +425,11 @@ impl Communicator {
             Err(e) => {
                 st.state = "failed";
                 drop(st);
-                // A timeout is every waiting rank's own to find (each names the missing ranks).
-                if !matches!(
-                    e.kind,
-                    ErrorKind::RemoteAbort | ErrorKind::PeerLost | ErrorKind::Timeout
-                ) {
-                    exec::send_abort(&mut self.links, sig, &format!("rank {r}: {e}"));
+                // Peers learn the failure with its kind and culprits, so none of them waits
+                // out its timeout or blames this rank for leaving. An abort received from a
+                // peer went to every rank already.
+                if e.kind != ErrorKind::RemoteAbort && e.kind != ErrorKind::Aborted {
+                    exec::send_abort(&mut self.links, sig, r, &e);
                 }
                 self.failed = Some(e.clone());
                 Err(e)
@@ -453,6 +453,8 @@ impl Communicator {
                     notes.push(format!("rank {j} last seen in {op} ({state})"));
                 }
                 Ok(_) => {}
+                // Gone, but it told us it reached this collective and gave up too.
+                Err(_) if exec::gave_up_in(&self.links, j, self.seq) => {}
                 Err(why) => {
                     missing.push(j);
                     notes.push(format!("rank {j} unreachable ({why}): dead?"));
@@ -487,11 +489,11 @@ impl Communicator {
             root: 0,
             count: 0,
         };
-        exec::send_abort(
-            &mut self.links,
-            sig,
-            &format!("rank {} aborted: {reason}", self.rank),
+        let e = CclError::new(
+            ErrorKind::RemoteAbort,
+            format!("aborted by the application: {reason}"),
         );
+        exec::send_abort(&mut self.links, sig, self.rank, &e);
         self.failed = Some(CclError::new(
             ErrorKind::Aborted,
             format!("aborted: {reason}"),

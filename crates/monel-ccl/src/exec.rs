@@ -24,6 +24,8 @@ pub(crate) struct Links {
     pub(crate) links: Vec<Option<Box<dyn Link>>>,
     /// Peers that said goodbye (destroyed their communicator).
     pub(crate) closed: Vec<bool>,
+    /// Links with a data frame partly written.
+    pub(crate) mid_frame: Vec<bool>,
 }
 
 impl Links {
@@ -217,12 +219,8 @@ impl RecvSt {
         };
         match h.kind {
             FRAME_ABORT => {
-                let reason = read_reason(ctx.links.link(p)?, h.len as usize);
-                return Err(CclError::new(
-                    ErrorKind::RemoteAbort,
-                    format!("{}: rank {p} aborted: {reason}", ctx.what),
-                )
-                .with_ranks(vec![p]));
+                let payload = read_payload(ctx.links.link(p)?, h.len as usize);
+                return Err(abort_error(p, &ctx.what, &payload));
             }
             FRAME_CLOSE => {
                 return Err(CclError::new(
@@ -263,9 +261,9 @@ impl RecvSt {
     }
 }
 
-/// An abort frame's reason: read with a short bounded wait (abort frames are small and sent
-/// whole).
-fn read_reason(link: &mut Box<dyn Link>, len: usize) -> String {
+/// An abort frame's payload: read with a short bounded wait (abort frames are small and
+/// sent whole).
+fn read_payload(link: &mut Box<dyn Link>, len: usize) -> Vec<u8> {
     let mut buf = vec![0u8; len.min(4096)];
     let mut got = 0;
     let until = Instant::now() + std::time::Duration::from_millis(200);
@@ -276,7 +274,62 @@ fn read_reason(link: &mut Box<dyn Link>, len: usize) -> String {
             Err(_) => break,
         }
     }
-    String::from_utf8_lossy(&buf[..got]).into_owned()
+    buf.truncate(got);
+    buf
+}
+
+const ABORT_KINDS: [ErrorKind; 4] = [
+    ErrorKind::RemoteAbort,
+    ErrorKind::Timeout,
+    ErrorKind::PeerLost,
+    ErrorKind::Mismatch,
+];
+
+/// An abort frame's payload: the failure's kind, the ranks it names, its message. A rank
+/// that learns of a failure from a peer reports the same kind and the same culprits.
+fn abort_payload(from: usize, e: &CclError) -> Vec<u8> {
+    let kind = ABORT_KINDS.iter().position(|k| *k == e.kind).unwrap_or(0);
+    let ranks = &e.ranks[..e.ranks.len().min(255)];
+    let mut out = vec![kind as u8, ranks.len() as u8];
+    for &r in ranks {
+        out.extend((r as u32).to_le_bytes());
+    }
+    out.extend(format!("rank {from} gave up: {e}").as_bytes());
+    out
+}
+
+fn abort_error(peer: usize, what: &str, payload: &[u8]) -> CclError {
+    let kind = payload
+        .first()
+        .and_then(|&k| ABORT_KINDS.get(usize::from(k)))
+        .cloned()
+        .unwrap_or(ErrorKind::RemoteAbort);
+    let n = payload.get(1).map_or(0, |&n| usize::from(n));
+    let ranks: Vec<usize> = payload
+        .get(2..2 + 4 * n)
+        .map(|b| {
+            b.chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().expect("4")) as usize)
+                .collect()
+        })
+        .unwrap_or_default();
+    let text = payload.get(2 + 4 * n..).unwrap_or_default();
+    let ranks = if ranks.is_empty() { vec![peer] } else { ranks };
+    CclError::new(kind, format!("{what}: {}", String::from_utf8_lossy(text))).with_ranks(ranks)
+}
+
+/// True if `peer`'s link holds, unread, an abort frame from collective `seq`: that rank
+/// reached the collective and gave up (it may be gone by now).
+pub(crate) fn gave_up_in(links: &Links, peer: usize, seq: u64) -> bool {
+    let mut b = [0u8; HEADER_LEN];
+    links
+        .links
+        .get(peer)
+        .and_then(Option::as_ref)
+        .is_some_and(|l| {
+            matches!(l.peek(&mut b), Ok(HEADER_LEN))
+                && Header::decode(&b).is_some_and(|h| h.kind == FRAME_ABORT && h.sig.seq == seq)
+        })
 }
 
 /// Looks at a link this step does not read from: a peer's abort, goodbye or death shows
@@ -291,12 +344,7 @@ fn watch_idle(ctx: &mut Ctx<'_>, peer: usize) -> Result<bool> {
             Some(h) if h.kind == FRAME_ABORT => {
                 let mut full = vec![0u8; HEADER_LEN + (h.len as usize).min(4096)];
                 let n = link.peek(&mut full).unwrap_or(0);
-                let reason = String::from_utf8_lossy(&full[HEADER_LEN.min(n)..n]).into_owned();
-                Err(CclError::new(
-                    ErrorKind::RemoteAbort,
-                    format!("{what}: rank {peer} aborted: {reason}"),
-                )
-                .with_ranks(vec![peer]))
+                Err(abort_error(peer, &what, &full[HEADER_LEN.min(n)..n]))
             }
             Some(h) if h.kind == FRAME_CLOSE => {
                 ctx.links.closed[peer] = true;
@@ -368,6 +416,7 @@ pub(crate) fn run(ctx: &mut Ctx<'_>, sched: &Schedule, bufs: &mut Buffers<'_>) -
                 }
                 busy_send[s.peer] = true;
                 progress |= s.drive(ctx, bufs)?;
+                ctx.links.mid_frame[s.peer] = s.in_frame || s.hdr_sent > 0;
             }
             let mut busy_recv = vec![false; npeers];
             for r in recvs.iter_mut().filter(|r| !r.done) {
@@ -387,16 +436,7 @@ pub(crate) fn run(ctx: &mut Ctx<'_>, sched: &Schedule, bufs: &mut Buffers<'_>) -
             if progress {
                 continue;
             }
-            // Nothing moved: watch the idle links, then sleep until something can.
-            for (p, early) in early.iter_mut().enumerate() {
-                if ctx.links.links[p].is_some()
-                    && !pending_recv.contains(&p)
-                    && !*early
-                    && !ctx.links.closed[p]
-                {
-                    *early = watch_idle(ctx, p)?;
-                }
-            }
+            // Nothing moved: sleep until something can, watching the idle links too.
             let now = Instant::now();
             if now >= ctx.deadline {
                 let mut waiting = pending_recv;
@@ -407,7 +447,7 @@ pub(crate) fn run(ctx: &mut Ctx<'_>, sched: &Schedule, bufs: &mut Buffers<'_>) -
                 )
                 .with_ranks(waiting));
             }
-            let mut want: Vec<(i32, PollFlags)> = Vec::new();
+            let mut want: Vec<(usize, i32, PollFlags)> = Vec::new();
             for (p, &early) in early.iter().enumerate() {
                 let Some(l) = ctx.links.links[p].as_ref() else {
                     continue;
@@ -420,7 +460,7 @@ pub(crate) fn run(ctx: &mut Ctx<'_>, sched: &Schedule, bufs: &mut Buffers<'_>) -
                     f |= PollFlags::POLLOUT;
                 }
                 if !f.is_empty() {
-                    want.push((l.fd(), f));
+                    want.push((p, l.fd(), f));
                 }
             }
             // SAFETY: every descriptor belongs to a link in `ctx.links`, which outlives
@@ -428,18 +468,32 @@ pub(crate) fn run(ctx: &mut Ctx<'_>, sched: &Schedule, bufs: &mut Buffers<'_>) -
             #[allow(unsafe_code)]
             let mut fds: Vec<PollFd<'_>> = want
                 .iter()
-                .map(|&(fd, f)| PollFd::new(unsafe { BorrowedFd::borrow_raw(fd) }, f))
+                .map(|&(_, fd, f)| PollFd::new(unsafe { BorrowedFd::borrow_raw(fd) }, f))
                 .collect();
             let ms = (ctx.deadline - now).as_millis().clamp(1, 100) as u16;
             let _ = poll(&mut fds, PollTimeout::from(ms));
+            // An idle link that became readable: a peer's abort, goodbye or death, or data
+            // for a later step (not watched again this step).
+            let ready: Vec<usize> = want
+                .iter()
+                .zip(&fds)
+                .filter(|((p, _, _), f)| {
+                    !pending_recv.contains(p) && f.revents().is_some_and(|r| !r.is_empty())
+                })
+                .map(|((p, _, _), _)| *p)
+                .collect();
+            for p in ready {
+                early[p] = watch_idle(ctx, p)?;
+            }
         }
     }
     Ok(())
 }
 
-/// Tells every peer this rank aborts (an abort frame where the link is between frames).
-pub(crate) fn send_abort(links: &mut Links, sig: Signature, reason: &str) {
-    let payload = reason.as_bytes();
+/// Tells every peer that rank `from` gave up, and why (an abort frame; see
+/// [`write_all_bounded`] for links caught mid-frame).
+pub(crate) fn send_abort(links: &mut Links, sig: Signature, from: usize, e: &CclError) {
+    let payload = abort_payload(from, e);
     let h = Header {
         kind: FRAME_ABORT,
         sig,
@@ -447,7 +501,7 @@ pub(crate) fn send_abort(links: &mut Links, sig: Signature, reason: &str) {
     }
     .encode();
     let mut frame = h.to_vec();
-    frame.extend_from_slice(payload);
+    frame.extend_from_slice(&payload);
     write_all_bounded(links, &frame);
 }
 
@@ -462,8 +516,16 @@ pub(crate) fn send_close(links: &mut Links, sig: Signature) {
     write_all_bounded(links, &h);
 }
 
+/// Writes a control frame to every link between frames. A link caught in the middle of a
+/// data frame (the call failed while sending) is closed instead, so the peer sees the
+/// connection end rather than a frame inside another.
 fn write_all_bounded(links: &mut Links, frame: &[u8]) {
     let until = Instant::now() + std::time::Duration::from_millis(500);
+    for (slot, mid) in links.links.iter_mut().zip(&links.mid_frame) {
+        if *mid {
+            *slot = None;
+        }
+    }
     for l in links.links.iter_mut().flatten() {
         let mut at = 0;
         while at < frame.len() && Instant::now() < until {

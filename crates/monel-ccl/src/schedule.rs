@@ -260,8 +260,35 @@ fn gather_then_reduce(
     out: usize,
     avg: bool,
 ) -> Schedule {
-    let mine = want[r].clone();
-    let len = mine.len();
+    let sends: Vec<(usize, Range<usize>)> = (0..n)
+        .filter(|&p| p != r)
+        .map(|p| (p, want[p].clone()))
+        .collect();
+    let len = want[r].len();
+    let mut s = collect_slots(n, r, want[r].clone(), &sends);
+    reduce_slots(
+        &mut s,
+        n,
+        Span {
+            buf: Buf::Output,
+            off: out,
+            len,
+        },
+        avg,
+    );
+    s
+}
+
+/// One step that stages this rank's `own` elements of the input in scratch slot r, makes
+/// `sends` (peer, input range), and receives every other rank's contribution into its slot
+/// (slot p at `p * own.len()`).
+fn collect_slots(
+    n: usize,
+    r: usize,
+    own: Range<usize>,
+    sends: &[(usize, Range<usize>)],
+) -> Schedule {
+    let len = own.len();
     let slot = |p: usize| Span {
         buf: Buf::Scratch,
         off: p * len,
@@ -273,30 +300,22 @@ fn gather_then_reduce(
     };
     let ops = s.step();
     ops.push(Op::Copy {
-        src: Span::of(Buf::Input, mine),
+        src: Span::of(Buf::Input, own),
         dst: slot(r),
     });
-    for p in (0..n).filter(|&p| p != r) {
+    for (peer, range) in sends {
         ops.push(Op::Send {
-            peer: p,
-            src: Span::of(Buf::Input, want[p].clone()),
+            peer: *peer,
+            src: Span::of(Buf::Input, range.clone()),
         });
+    }
+    for p in (0..n).filter(|&p| p != r) {
         ops.push(Op::Recv {
             peer: p,
             dst: slot(p),
             reduce: false,
         });
     }
-    reduce_slots(
-        &mut s,
-        n,
-        Span {
-            buf: Buf::Output,
-            off: out,
-            len,
-        },
-        avg,
-    );
     s
 }
 
@@ -367,28 +386,7 @@ pub fn reduce_direct(n: usize, r: usize, count: usize, root: usize, avg: bool) -
         });
         return s;
     }
-    let len = count;
-    let slot = |p: usize| Span {
-        buf: Buf::Scratch,
-        off: p * len,
-        len,
-    };
-    let mut s = Schedule {
-        scratch: n * len,
-        ..Schedule::default()
-    };
-    let ops = s.step();
-    ops.push(Op::Copy {
-        src: Span::of(Buf::Input, 0..count),
-        dst: slot(r),
-    });
-    for p in (0..n).filter(|&p| p != r) {
-        ops.push(Op::Recv {
-            peer: p,
-            dst: slot(p),
-            reduce: false,
-        });
-    }
+    let mut s = collect_slots(n, r, 0..count, &[]);
     reduce_slots(&mut s, n, Span::of(Buf::Output, 0..count), avg);
     s
 }
