@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use crate::dtype::{DataType, RedOp};
 use crate::error::{CclError, Result};
-use crate::reduce::{divide, reduce_into};
+use crate::reduce::{divide, reduce_into, reduce_to};
 use crate::schedule::{Buf, Span};
 
 /// Where a span's bytes are.
@@ -73,6 +73,16 @@ impl<'a> Buffers<'a> {
             op,
             nranks,
         }
+    }
+    /// Uses `v` as scratch space (a buffer kept from an earlier call; its contents do not
+    /// matter).
+    pub fn with_scratch(mut self, v: Vec<u8>) -> Self {
+        self.scratch = v;
+        self
+    }
+    /// Hands the scratch space back, for the next call.
+    pub fn take_scratch(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.scratch)
     }
     /// Makes room for `elems` scratch elements.
     pub fn reserve_scratch(&mut self, elems: usize) {
@@ -196,6 +206,17 @@ impl<'a> Buffers<'a> {
         let (t, n) = (self.dtype, self.nranks);
         divide(self.bytes_mut(dst)?, t, n);
         Ok(())
+    }
+    /// `dst = acc op incoming` (`acc` may be `dst`).
+    pub fn land_onto(&mut self, acc: Span, dst: Span, incoming: &[u8]) -> Result<()> {
+        if acc.len * self.dtype.size() != incoming.len() {
+            return Err(CclError::internal("message of the wrong length"));
+        }
+        if self.locate(acc)? == self.locate(dst)? {
+            return self.land(dst, incoming, true);
+        }
+        let (t, op) = (self.dtype, self.op());
+        self.pair(acc, dst, |a, d| reduce_to(d, a, incoming, t, op))
     }
     /// `dst = dst op incoming` (or a copy).
     pub fn land(&mut self, dst: Span, incoming: &[u8], reduce: bool) -> Result<()> {

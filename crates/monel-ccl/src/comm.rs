@@ -1,6 +1,8 @@
 //! The communicator: bootstrap, the collectives API (NCCL's argument order, bytes plus a
 //! data type), algorithm choice, timeouts that name the missing ranks, abort.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,9 +13,11 @@ use crate::bootstrap::{Launch, PeerAddrs, UniqueId, launch_from, mesh, rendezvou
 use crate::buffers::Buffers;
 use crate::dtype::{DataType, RedOp};
 use crate::error::{CclError, ErrorKind, Result};
-use crate::exec::{self, Ctx, Links};
+use crate::exec::{self, Ctx, Links, Name, Pool};
 use crate::link::{Link, Signature, TcpLink};
 use crate::plan::{self, Algorithm, Collective};
+use crate::schedule::Schedule;
+use crate::shm::{ShmConfig, Upgrade, upgrade};
 use crate::tune;
 
 /// Settings (each has a `MONEL_*` variable; see [`CommConfig::from_env`]).
@@ -29,6 +33,62 @@ pub struct CommConfig {
     pub deterministic: bool,
     /// Log connection paths and algorithm choices to stderr (`MONEL_DEBUG=INFO`).
     pub debug: bool,
+    /// Transports a pair may use (`MONEL_TRANSPORT`).
+    pub transports: Transports,
+    /// How long a rank polls without sleeping when nothing moves (`MONEL_SPIN_US`,
+    /// microseconds; default 50). Sleeping costs a wake-up (several microseconds here).
+    pub spin: Duration,
+    /// Shared-memory ring size per direction (`MONEL_SHM_RING`, bytes) and this rank's host
+    /// identity (`MONEL_HOST`: ranks naming different hosts never share memory).
+    pub shm: ShmConfig,
+}
+
+/// Which transports pairs may use. Each pair takes the best allowed one that works:
+/// shared memory, then TCP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transports {
+    /// Shared memory (same host).
+    pub shm: bool,
+    /// TCP (any two hosts; the fallback).
+    pub tcp: bool,
+}
+
+impl Default for Transports {
+    fn default() -> Self {
+        Self {
+            shm: true,
+            tcp: true,
+        }
+    }
+}
+
+impl Transports {
+    /// `shm,tcp` (only these) or `^shm` (all but these).
+    pub fn parse(v: &str) -> Option<Self> {
+        let (negate, list) = match v.strip_prefix('^') {
+            Some(rest) => (true, rest),
+            None => (false, v),
+        };
+        let mut named = Self {
+            shm: false,
+            tcp: false,
+        };
+        for t in list.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            match t.to_ascii_lowercase().as_str() {
+                "shm" => named.shm = true,
+                "tcp" => named.tcp = true,
+                _ => return None,
+            }
+        }
+        Some(if negate {
+            Self {
+                shm: !named.shm,
+                tcp: !named.tcp,
+            }
+        } else {
+            named
+        })
+    }
 }
 
 impl Default for CommConfig {
@@ -39,6 +99,9 @@ impl Default for CommConfig {
             chunk: 512 << 10,
             deterministic: false,
             debug: false,
+            transports: Transports::default(),
+            spin: Duration::from_micros(50),
+            shm: ShmConfig::default(),
         }
     }
 }
@@ -77,6 +140,33 @@ impl CommConfig {
         if let Some(v) = env("MONEL_DETERMINISTIC") {
             c.deterministic = matches!(v.as_str(), "1" | "true" | "yes");
         }
+        if let Some(v) = env("MONEL_TRANSPORT") {
+            c.transports = Transports::parse(&v)
+                .filter(|t| t.shm || t.tcp)
+                .ok_or_else(|| {
+                    CclError::invalid(format!(
+                        "MONEL_TRANSPORT={v:?}: want a list of shm, tcp (or ^ and the ones to leave out)"
+                    ))
+                })?;
+        }
+        if let Some(v) = env("MONEL_SPIN_US") {
+            let us: u64 = v.parse().map_err(|_| {
+                CclError::invalid(format!("MONEL_SPIN_US={v:?}: want microseconds"))
+            })?;
+            c.spin = Duration::from_micros(us);
+        }
+        if let Some(v) = env("MONEL_SHM_RING") {
+            c.shm.ring = v
+                .parse()
+                .ok()
+                .filter(|&n: &usize| n.is_power_of_two() && (4096..=1 << 30).contains(&n))
+                .ok_or_else(|| {
+                    CclError::invalid(format!(
+                        "MONEL_SHM_RING={v:?}: want a power of two from 4096 to 2^30"
+                    ))
+                })?;
+        }
+        c.shm.host = env("MONEL_HOST").filter(|h| !h.is_empty());
         if let Some(v) = env("MONEL_DEBUG") {
             c.debug = v.eq_ignore_ascii_case("INFO") || v.eq_ignore_ascii_case("TRACE");
         }
@@ -101,7 +191,8 @@ pub enum Io<'a> {
 /// What this rank is doing, for the status endpoint.
 struct Status {
     seq: u64,
-    what: String,
+    /// The current (or last) collective; `None` before the first.
+    sig: Option<Signature>,
     state: &'static str,
 }
 
@@ -117,7 +208,54 @@ pub struct Communicator {
     stop: Arc<AtomicBool>,
     failed: Option<CclError>,
     paths: Vec<String>,
+    /// Schedules built before, by call shape.
+    schedules: HashMap<SchedKey, Arc<Schedule>, BuildHasherDefault<Fnv>>,
+    /// Executor state and scratch kept between calls.
+    pool: Pool,
+    scratch: Vec<u8>,
 }
+
+/// A call's shape: everything its schedule depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct SchedKey {
+    coll: u8,
+    op: u8,
+    root: usize,
+    algo: Algorithm,
+    count: usize,
+    slice: usize,
+    in_place: bool,
+}
+
+/// FNV-1a: the schedule cache's keys are a few small integers, hashed on every call.
+#[derive(Default)]
+struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        if self.0 == 0 {
+            self.0 = 0xcbf2_9ce4_8422_2325;
+        }
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v).wrapping_mul(0x100_0000_01b3).rotate_left(23);
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+    fn write_u8(&mut self, v: u8) {
+        self.write_u64(u64::from(v));
+    }
+}
+
+/// Most schedules kept (a training loop uses a handful of shapes).
+const SCHEDULE_CACHE: usize = 256;
 
 fn coll_code(c: Collective) -> u8 {
     match c {
@@ -176,7 +314,8 @@ fn serve_status(l: TcpListener, status: Arc<Mutex<Status>>, stop: Arc<AtomicBool
                 let Ok(mut s) = c else { continue };
                 let line = {
                     let st = status.lock().unwrap_or_else(PoisonError::into_inner);
-                    format!("seq {} {} {}\n", st.seq, st.state, st.what)
+                    let what = st.sig.as_ref().map_or_else(|| "init".into(), describe_sig);
+                    format!("seq {} {} {what}\n", st.seq, st.state)
                 };
                 let _ = s.write_all(line.as_bytes());
             }
@@ -222,23 +361,40 @@ impl Communicator {
         };
         let status = Arc::new(Mutex::new(Status {
             seq: 0,
-            what: "init".into(),
+            sig: None,
             state: "running",
         }));
         let stop = Arc::new(AtomicBool::new(false));
         serve_status(status_l, status.clone(), stop.clone());
         let table = rendezvous(id, nranks, rank, &mine, deadline)?;
         let streams = mesh(&listener, &table, rank, id.token, deadline)?;
+        let mut shm_cfg = cfg.shm.clone();
+        shm_cfg.enabled &= cfg.transports.shm;
+        let ups = upgrade(streams, rank, &shm_cfg, deadline)
+            .map_err(|e| CclError::io("shared-memory handshake", e))?;
         let mut links: Vec<Option<Box<dyn Link>>> = Vec::with_capacity(nranks);
         let mut paths = Vec::new();
-        for (j, s) in streams.into_iter().enumerate() {
-            match s {
-                Some(s) => {
+        for (j, u) in ups.into_iter().enumerate() {
+            match u {
+                Some(Upgrade::Shm(l)) => {
+                    links.push(Some(Box::new(l)));
+                    paths.push(format!(
+                        "rank {rank} -> {j} via SHM (same host: {} KiB rings in {})",
+                        shm_cfg.ring.next_power_of_two() >> 10,
+                        shm_cfg.dir.display()
+                    ));
+                }
+                Some(Upgrade::Tcp(s, why)) => {
+                    if !cfg.transports.tcp {
+                        return Err(CclError::bootstrap(format!(
+                            "rank {rank} -> {j}: MONEL_TRANSPORT forbids TCP, and shared memory is out: {why}"
+                        )));
+                    }
                     links.push(Some(Box::new(
                         TcpLink::new(s).map_err(|e| CclError::io("link", e))?,
                     )));
                     paths.push(format!(
-                        "rank {rank} -> {j} via TCP {} -> {} (no shared-memory or RDMA transport in this build)",
+                        "rank {rank} -> {j} via TCP {} -> {} (not SHM: {why}; no RDMA transport in this build)",
                         mine.data.ip(),
                         table[j].data
                     ));
@@ -267,6 +423,9 @@ impl Communicator {
             stop,
             failed: None,
             paths,
+            schedules: HashMap::default(),
+            pool: Pool::default(),
+            scratch: Vec::new(),
         })
     }
 
@@ -337,7 +496,7 @@ impl Communicator {
         let (need_in, need_out) = coll.sizes(n, r, count);
         let in_place = matches!(io, Io::InPlace(_));
         let op = coll.op().unwrap_or(RedOp::Sum);
-        let mut bufs = match io {
+        let bufs = match io {
             Io::Separate { send, recv } => {
                 if send.len() < need_in * es {
                     return Err(CclError::invalid(format!(
@@ -380,7 +539,27 @@ impl Communicator {
         };
         let algo = self.algorithm_for(coll, dtype, count);
         let slice = (self.cfg.chunk / es).max(1);
-        let sched = plan::schedule(coll, algo, n, r, count, slice, in_place)?;
+        let key = SchedKey {
+            coll: coll_code(coll),
+            op: op.code(),
+            root: coll.root().unwrap_or(0),
+            algo,
+            count,
+            slice,
+            in_place,
+        };
+        let sched = match self.schedules.get(&key) {
+            Some(s) => s.clone(),
+            None => {
+                let s = Arc::new(plan::schedule(coll, algo, n, r, count, slice, in_place)?);
+                if self.schedules.len() >= SCHEDULE_CACHE {
+                    self.schedules.clear();
+                }
+                self.schedules.insert(key, s.clone());
+                s
+            }
+        };
+        let mut bufs = bufs.with_scratch(std::mem::take(&mut self.scratch));
         self.seq += 1;
         let sig = Signature {
             seq: self.seq,
@@ -390,30 +569,35 @@ impl Communicator {
             root: coll.root().unwrap_or(0) as u32,
             count: count as u64,
         };
-        let what = describe_sig(&sig);
         {
             let mut st = self.status.lock().unwrap_or_else(PoisonError::into_inner);
             st.seq = self.seq;
-            st.what.clone_from(&what);
+            st.sig = Some(sig);
             st.state = "running";
         }
         if self.cfg.debug {
             eprintln!(
-                "monel INFO rank {r}: {what} via {} ({} steps)",
+                "monel INFO rank {r}: {} via {} ({} steps)",
+                describe_sig(&sig),
                 algo.name(),
                 sched.steps.len()
             );
         }
         let mut ctx = Ctx {
             links: &mut self.links,
-            sig,
-            what: what.clone(),
+            name: Name {
+                sig,
+                describe: &describe_sig,
+            },
             deadline: Instant::now() + self.cfg.timeout,
-            describe: &describe_sig,
+            spin: self.cfg.spin,
         };
-        let res = exec::run(&mut ctx, &sched, &mut bufs);
+        let res = exec::run(&mut ctx, &sched, &mut bufs, &mut self.pool);
+        self.scratch = bufs.take_scratch();
         let res = match res {
-            Err(e) if e.kind == ErrorKind::Timeout => Err(self.name_missing(&what, e)),
+            Err(e) if e.kind == ErrorKind::Timeout => {
+                Err(self.name_missing(&describe_sig(&sig), e))
+            }
             r => r,
         };
         let mut st = self.status.lock().unwrap_or_else(PoisonError::into_inner);

@@ -16,6 +16,9 @@ use crate::schedule::{Op, Schedule, Span};
 
 /// Largest payload per frame: bigger messages go as several frames.
 const FRAME_MAX: usize = 16 << 20;
+/// Most bytes reduced straight out of a shared-memory ring before releasing them, so the
+/// writer refills the ring while this side works.
+const RING_PIECE: usize = 64 << 10;
 /// Staging for receives that reduce: received in pieces of this size, then reduced.
 const STAGE: usize = 256 << 10;
 
@@ -40,11 +43,37 @@ impl Links {
 /// What the executor needs besides the schedule and buffers.
 pub(crate) struct Ctx<'a> {
     pub(crate) links: &'a mut Links,
-    pub(crate) sig: Signature,
-    /// Names the collective in messages (`all_reduce(sum) #4`).
-    pub(crate) what: String,
+    /// The collective's signature, and how to name it in messages.
+    pub(crate) name: Name<'a>,
     pub(crate) deadline: Instant,
+    /// How long to poll without sleeping when nothing moves.
+    pub(crate) spin: std::time::Duration,
+}
+
+/// A collective's signature and its description, formatted only when a message needs it.
+#[derive(Clone, Copy)]
+pub(crate) struct Name<'a> {
+    pub(crate) sig: Signature,
     pub(crate) describe: &'a dyn Fn(&Signature) -> String,
+}
+
+impl Name<'_> {
+    /// `all_reduce #4 count 1024 float op sum`.
+    pub(crate) fn what(&self) -> String {
+        (self.describe)(&self.sig)
+    }
+}
+
+/// What the executor keeps between calls, so a call allocates nothing it had before.
+#[derive(Default)]
+pub(crate) struct Pool {
+    sends: Vec<SendSt>,
+    recvs: Vec<RecvSt>,
+    /// Staging for reducing receives, one per peer (one receive per peer is in flight).
+    stages: Vec<Vec<u8>>,
+    early: Vec<bool>,
+    driven: Vec<u8>,
+    armed: Vec<(usize, i32, PollFlags)>,
 }
 
 struct SendSt {
@@ -62,14 +91,16 @@ struct SendSt {
 struct RecvSt {
     peer: usize,
     dst: Span,
-    reduce: bool,
+    /// Reduce with this operand into `dst` (`dst = acc op incoming`); copy when `None`.
+    acc: Option<Span>,
     total: usize,
     got: usize,
     hdr: [u8; HEADER_LEN],
     hdr_got: usize,
     frame_left: usize,
     in_frame: bool,
-    stage: Vec<u8>,
+    /// Bytes of this peer's stage in use for this message.
+    stage_len: usize,
     fill: usize,
     done: bool,
 }
@@ -92,20 +123,28 @@ impl SendSt {
                     let len = (self.total - self.sent).min(FRAME_MAX);
                     self.hdr = Header {
                         kind: FRAME_DATA,
-                        sig: ctx.sig,
+                        sig: ctx.name.sig,
                         len: len as u32,
                     }
                     .encode();
                     self.frame_left = len;
                 }
+                // The header and as much of the payload as fits, in one go.
+                let data = bufs.bytes(self.src)?;
                 let n = link
-                    .write_some(&self.hdr[self.hdr_sent..])
-                    .map_err(|e| lost(self.peer, &ctx.what, &e))?;
+                    .write_two(
+                        &self.hdr[self.hdr_sent..],
+                        &data[self.sent..self.sent + self.frame_left],
+                    )
+                    .map_err(|e| lost(self.peer, &ctx.name.what(), &e))?;
                 if n == 0 {
                     return Ok(progress);
                 }
                 progress = true;
-                self.hdr_sent += n;
+                let h = n.min(HEADER_LEN - self.hdr_sent);
+                self.hdr_sent += h;
+                self.sent += n - h;
+                self.frame_left -= n - h;
                 if self.hdr_sent < HEADER_LEN {
                     continue;
                 }
@@ -116,7 +155,7 @@ impl SendSt {
                 let data = bufs.bytes(self.src)?;
                 let n = link
                     .write_some(&data[self.sent..self.sent + self.frame_left])
-                    .map_err(|e| lost(self.peer, &ctx.what, &e))?;
+                    .map_err(|e| lost(self.peer, &ctx.name.what(), &e))?;
                 if n == 0 {
                     return Ok(progress);
                 }
@@ -136,15 +175,39 @@ impl SendSt {
 }
 
 impl RecvSt {
-    fn drive(&mut self, ctx: &mut Ctx<'_>, bufs: &mut Buffers<'_>) -> Result<bool> {
+    /// `len` bytes of the message, from byte `at`, as a span of `base`.
+    fn piece(&self, base: Span, at: usize, len: usize, es: usize) -> Span {
+        Span {
+            buf: base.buf,
+            off: base.off + at / es,
+            len: len / es,
+        }
+    }
+
+    /// Reduces `data` (whole elements) into the message at byte `self.got`.
+    fn land(&mut self, bufs: &mut Buffers<'_>, acc: Span, data: &[u8], es: usize) -> Result<()> {
+        let a = self.piece(acc, self.got, data.len(), es);
+        let d = self.piece(self.dst, self.got, data.len(), es);
+        bufs.land_onto(a, d, data)?;
+        self.got += data.len();
+        Ok(())
+    }
+
+    fn drive(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        bufs: &mut Buffers<'_>,
+        stage: &mut [u8],
+    ) -> Result<bool> {
         let mut progress = false;
         let es = bufs.elem();
+        let stage = &mut stage[..self.stage_len];
         loop {
             if !self.in_frame {
                 let link = ctx.links.link(self.peer)?;
                 let n = link
                     .read_some(&mut self.hdr[self.hdr_got..])
-                    .map_err(|e| lost(self.peer, &ctx.what, &e))?;
+                    .map_err(|e| lost(self.peer, &ctx.name.what(), &e))?;
                 if n == 0 {
                     return Ok(progress);
                 }
@@ -159,40 +222,62 @@ impl RecvSt {
                 self.in_frame = true;
             }
             if self.frame_left > 0 {
-                let link = ctx.links.link(self.peer)?;
-                let n = if self.reduce {
-                    let room = (self.stage.len() - self.fill).min(self.frame_left);
-                    let n = link
-                        .read_some(&mut self.stage[self.fill..self.fill + room])
-                        .map_err(|e| lost(self.peer, &ctx.what, &e))?;
-                    self.fill += n;
-                    n
-                } else {
-                    let d = bufs.bytes_mut(self.dst)?;
-                    link.read_some(&mut d[self.got..self.got + self.frame_left])
-                        .map_err(|e| lost(self.peer, &ctx.what, &e))?
+                let peer = self.peer;
+                let link = ctx.links.link(peer)?;
+                let n = match self.acc {
+                    Some(acc) => {
+                        // Shared memory: reduce straight out of the ring.
+                        let mut direct = 0;
+                        if self.fill == 0 {
+                            if let Some(shm) = link.as_shm() {
+                                let avail = shm
+                                    .readable()
+                                    .map_err(|e| lost(peer, &ctx.name.what(), &e))?;
+                                let take = avail.len().min(self.frame_left).min(RING_PIECE);
+                                let whole = take - take % es;
+                                if whole > 0 {
+                                    let a = self.piece(acc, self.got, whole, es);
+                                    let d = self.piece(self.dst, self.got, whole, es);
+                                    bufs.land_onto(a, d, &avail[..whole])?;
+                                    shm.consume(whole);
+                                    self.got += whole;
+                                    direct = whole;
+                                }
+                            }
+                        }
+                        if direct > 0 {
+                            direct
+                        } else {
+                            let room = (stage.len() - self.fill).min(self.frame_left);
+                            let n = link
+                                .read_some(&mut stage[self.fill..self.fill + room])
+                                .map_err(|e| lost(peer, &ctx.name.what(), &e))?;
+                            self.fill += n;
+                            n
+                        }
+                    }
+                    None => {
+                        let d = bufs.bytes_mut(self.dst)?;
+                        link.read_some(&mut d[self.got..self.got + self.frame_left])
+                            .map_err(|e| lost(peer, &ctx.name.what(), &e))?
+                    }
                 };
                 if n == 0 {
                     return Ok(progress);
                 }
                 progress = true;
                 self.frame_left -= n;
-                if self.reduce {
-                    let whole = self.fill - self.fill % es;
-                    if whole > 0 && (self.fill == self.stage.len() || self.frame_left == 0) {
-                        let elems = whole / es;
-                        let span = Span {
-                            buf: self.dst.buf,
-                            off: self.dst.off + self.got / es,
-                            len: elems,
-                        };
-                        bufs.land(span, &self.stage[..whole], true)?;
-                        self.stage.copy_within(whole..self.fill, 0);
-                        self.fill -= whole;
-                        self.got += whole;
+                match self.acc {
+                    Some(acc) if self.fill > 0 => {
+                        let whole = self.fill - self.fill % es;
+                        if whole > 0 && (self.fill == stage.len() || self.frame_left == 0) {
+                            self.land(bufs, acc, &stage[..whole], es)?;
+                            stage.copy_within(whole..self.fill, 0);
+                            self.fill -= whole;
+                        }
                     }
-                } else {
-                    self.got += n;
+                    Some(_) => {}
+                    None => self.got += n,
                 }
             }
             if self.frame_left == 0 {
@@ -212,7 +297,7 @@ impl RecvSt {
                 ErrorKind::Mismatch,
                 format!(
                     "{}: rank {p} sent bytes that are not a Monel frame",
-                    ctx.what
+                    ctx.name.what()
                 ),
             )
             .with_ranks(vec![p]));
@@ -220,27 +305,27 @@ impl RecvSt {
         match h.kind {
             FRAME_ABORT => {
                 let payload = read_payload(ctx.links.link(p)?, h.len as usize);
-                return Err(abort_error(p, &ctx.what, &payload));
+                return Err(abort_error(p, &ctx.name.what(), &payload));
             }
             FRAME_CLOSE => {
                 return Err(CclError::new(
                     ErrorKind::PeerLost,
                     format!(
                         "{}: rank {p} destroyed its communicator before taking part",
-                        ctx.what
+                        ctx.name.what()
                     ),
                 )
                 .with_ranks(vec![p]));
             }
             _ => {}
         }
-        if h.sig != ctx.sig {
+        if h.sig != ctx.name.sig {
             return Err(CclError::new(
                 ErrorKind::Mismatch,
                 format!(
                     "mismatch: this rank called {} but rank {p} called {}",
-                    (ctx.describe)(&ctx.sig),
-                    (ctx.describe)(&h.sig)
+                    ctx.name.what(),
+                    (ctx.name.describe)(&h.sig)
                 ),
             )
             .with_ranks(vec![p]));
@@ -250,7 +335,7 @@ impl RecvSt {
                 ErrorKind::Mismatch,
                 format!(
                     "{}: rank {p} sent {} bytes where this rank expects {}",
-                    ctx.what,
+                    ctx.name.what(),
                     h.len,
                     self.total - self.got
                 ),
@@ -335,7 +420,7 @@ pub(crate) fn gave_up_in(links: &Links, peer: usize, seq: u64) -> bool {
 /// Looks at a link this step does not read from: a peer's abort, goodbye or death shows
 /// here. Returns true if data for a later step waits there (do not poll it again).
 fn watch_idle(ctx: &mut Ctx<'_>, peer: usize) -> Result<bool> {
-    let what = ctx.what.clone();
+    let name = ctx.name;
     let link = ctx.links.link(peer)?;
     let mut b = [0u8; HEADER_LEN];
     match link.peek(&mut b) {
@@ -344,7 +429,7 @@ fn watch_idle(ctx: &mut Ctx<'_>, peer: usize) -> Result<bool> {
             Some(h) if h.kind == FRAME_ABORT => {
                 let mut full = vec![0u8; HEADER_LEN + (h.len as usize).min(4096)];
                 let n = link.peek(&mut full).unwrap_or(0);
-                Err(abort_error(peer, &what, &full[HEADER_LEN.min(n)..n]))
+                Err(abort_error(peer, &name.what(), &full[HEADER_LEN.min(n)..n]))
             }
             Some(h) if h.kind == FRAME_CLOSE => {
                 ctx.links.closed[peer] = true;
@@ -352,15 +437,42 @@ fn watch_idle(ctx: &mut Ctx<'_>, peer: usize) -> Result<bool> {
             }
             _ => Ok(true),
         },
-        Err(e) => Err(lost(peer, &what, &e)),
+        Err(e) => Err(lost(peer, &name.what(), &e)),
+    }
+}
+
+/// Waits briefly without sleeping: one pause hint (about 70 ns on recent Intel cores), and
+/// every 64 rounds a yield, so a peer that shares this core (more ranks than cores) runs.
+fn spin_pause(round: u32) {
+    if round % 64 == 63 {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
     }
 }
 
 /// Runs `sched` on `bufs` over `ctx`'s links.
-pub(crate) fn run(ctx: &mut Ctx<'_>, sched: &Schedule, bufs: &mut Buffers<'_>) -> Result<()> {
+pub(crate) fn run(
+    ctx: &mut Ctx<'_>,
+    sched: &Schedule,
+    bufs: &mut Buffers<'_>,
+    pool: &mut Pool,
+) -> Result<()> {
     bufs.reserve_scratch(sched.scratch);
     let es = bufs.elem();
     let npeers = ctx.links.links.len();
+    let Pool {
+        sends,
+        recvs,
+        stages,
+        early,
+        driven,
+        armed,
+    } = pool;
+    stages.resize_with(npeers, Vec::new);
+    early.clear();
+    early.resize(npeers, false);
+    driven.resize(npeers, 0);
     for step in &sched.steps {
         for op in &step.ops {
             match *op {
@@ -370,121 +482,167 @@ pub(crate) fn run(ctx: &mut Ctx<'_>, sched: &Schedule, bufs: &mut Buffers<'_>) -
                 _ => {}
             }
         }
-        let mut sends: Vec<SendSt> = Vec::new();
-        let mut recvs: Vec<RecvSt> = Vec::new();
+        sends.clear();
+        recvs.clear();
         for op in &step.ops {
-            match *op {
-                Op::Send { peer, src } => sends.push(SendSt {
-                    peer,
-                    src,
-                    total: src.len * es,
-                    sent: 0,
-                    hdr: [0; HEADER_LEN],
-                    hdr_sent: 0,
-                    frame_left: 0,
-                    in_frame: false,
-                    done: false,
-                }),
-                Op::Recv { peer, dst, reduce } => recvs.push(RecvSt {
-                    peer,
-                    dst,
-                    reduce,
-                    total: dst.len * es,
-                    got: 0,
-                    hdr: [0; HEADER_LEN],
-                    hdr_got: 0,
-                    frame_left: 0,
-                    in_frame: false,
-                    stage: if reduce {
-                        vec![0u8; (STAGE - STAGE % es).min(dst.len * es).max(es)]
-                    } else {
-                        Vec::new()
-                    },
-                    fill: 0,
-                    done: false,
-                }),
-                _ => {}
-            }
-        }
-        let mut early = vec![false; npeers];
-        loop {
-            let mut progress = false;
-            let mut busy_send = vec![false; npeers];
-            for s in sends.iter_mut().filter(|s| !s.done) {
-                if busy_send[s.peer] {
+            let (peer, dst, acc) = match *op {
+                Op::Send { peer, src } => {
+                    sends.push(SendSt {
+                        peer,
+                        src,
+                        total: src.len * es,
+                        sent: 0,
+                        hdr: [0; HEADER_LEN],
+                        hdr_sent: 0,
+                        frame_left: 0,
+                        in_frame: false,
+                        done: false,
+                    });
                     continue;
                 }
-                busy_send[s.peer] = true;
+                Op::Recv { peer, dst, reduce } => (peer, dst, reduce.then_some(dst)),
+                Op::RecvReduce { peer, acc, dst } => (peer, dst, Some(acc)),
+                _ => continue,
+            };
+            recvs.push(RecvSt {
+                peer,
+                dst,
+                acc,
+                total: dst.len * es,
+                got: 0,
+                hdr: [0; HEADER_LEN],
+                hdr_got: 0,
+                frame_left: 0,
+                in_frame: false,
+                stage_len: if acc.is_some() {
+                    let len = (STAGE - STAGE % es).min(dst.len * es).max(es);
+                    if stages[peer].len() < len {
+                        stages[peer].resize(len, 0);
+                    }
+                    len
+                } else {
+                    0
+                },
+                fill: 0,
+                done: false,
+            });
+        }
+        let mut idle_since: Option<Instant> = None;
+        let mut round = 0u32;
+        loop {
+            // One send and one receive in flight per peer, in posting order (bit 1: a send
+            // of this peer's was driven, bit 2: a receive; both mean "pending" below).
+            let mut progress = false;
+            driven.fill(0);
+            for s in sends.iter_mut().filter(|s| !s.done) {
+                if driven[s.peer] & 1 != 0 {
+                    continue;
+                }
+                driven[s.peer] |= 1;
                 progress |= s.drive(ctx, bufs)?;
                 ctx.links.mid_frame[s.peer] = s.in_frame || s.hdr_sent > 0;
+                if s.done {
+                    driven[s.peer] &= !1;
+                }
             }
-            let mut busy_recv = vec![false; npeers];
             for r in recvs.iter_mut().filter(|r| !r.done) {
-                if busy_recv[r.peer] {
+                if driven[r.peer] & 2 != 0 {
                     continue;
                 }
-                busy_recv[r.peer] = true;
-                progress |= r.drive(ctx, bufs)?;
+                driven[r.peer] |= 2;
+                progress |= r.drive(ctx, bufs, &mut stages[r.peer])?;
+                if r.done {
+                    driven[r.peer] &= !2;
+                }
             }
-            let pending_send: Vec<usize> =
-                sends.iter().filter(|s| !s.done).map(|s| s.peer).collect();
-            let pending_recv: Vec<usize> =
-                recvs.iter().filter(|r| !r.done).map(|r| r.peer).collect();
-            if pending_send.is_empty() && pending_recv.is_empty() {
+            if sends.iter().all(|s| s.done) && recvs.iter().all(|r| r.done) {
                 break;
             }
+            // Recompute what is pending (a peer's later operation may still wait).
+            driven.fill(0);
+            for s in sends.iter().filter(|s| !s.done) {
+                driven[s.peer] |= 1;
+            }
+            for r in recvs.iter().filter(|r| !r.done) {
+                driven[r.peer] |= 2;
+            }
             if progress {
+                idle_since = None;
                 continue;
             }
-            // Nothing moved: sleep until something can, watching the idle links too.
             let now = Instant::now();
             if now >= ctx.deadline {
-                let mut waiting = pending_recv;
-                waiting.extend(&pending_send);
+                let waiting: Vec<usize> = (0..npeers).filter(|&p| driven[p] != 0).collect();
                 return Err(CclError::new(
                     ErrorKind::Timeout,
-                    format!("{}: timed out waiting for ranks {waiting:?}", ctx.what),
+                    format!(
+                        "{}: timed out waiting for ranks {waiting:?}",
+                        ctx.name.what()
+                    ),
                 )
                 .with_ranks(waiting));
             }
-            let mut want: Vec<(usize, i32, PollFlags)> = Vec::new();
-            for (p, &early) in early.iter().enumerate() {
-                let Some(l) = ctx.links.links[p].as_ref() else {
+            // Nothing moved: spin a while (a peer is usually a moment behind), then sleep
+            // until something can move, watching the idle links too.
+            let since = *idle_since.get_or_insert(now);
+            if now - since < ctx.spin {
+                spin_pause(round);
+                round = round.wrapping_add(1);
+                continue;
+            }
+            armed.clear();
+            let mut ready = false;
+            for p in 0..npeers {
+                let Some(l) = ctx.links.links[p].as_mut() else {
                     continue;
                 };
-                let mut f = PollFlags::empty();
-                if pending_recv.contains(&p) || (!early && !ctx.links.closed[p]) {
-                    f |= PollFlags::POLLIN;
+                let recv = driven[p] & 2 != 0;
+                let idle = !recv && !early[p] && !ctx.links.closed[p];
+                let write = driven[p] & 1 != 0;
+                if !(recv || idle || write) {
+                    continue;
                 }
-                if pending_send.contains(&p) {
-                    f |= PollFlags::POLLOUT;
-                }
-                if !f.is_empty() {
-                    want.push((p, l.fd(), f));
+                match l.arm(recv || idle, write) {
+                    Some(f) => armed.push((p, l.fd(), f)),
+                    None if idle && !write => {
+                        // Something waits on a link this step does not read: look at it.
+                        early[p] = watch_idle(ctx, p)?;
+                        ready = true;
+                    }
+                    None => ready = true,
                 }
             }
-            // SAFETY: every descriptor belongs to a link in `ctx.links`, which outlives
-            // this poll call; none is closed meanwhile (this thread owns the links).
-            #[allow(unsafe_code)]
-            let mut fds: Vec<PollFd<'_>> = want
-                .iter()
-                .map(|&(_, fd, f)| PollFd::new(unsafe { BorrowedFd::borrow_raw(fd) }, f))
-                .collect();
-            let ms = (ctx.deadline - now).as_millis().clamp(1, 100) as u16;
-            let _ = poll(&mut fds, PollTimeout::from(ms));
+            let mut woke: Vec<usize> = Vec::new();
+            if !ready {
+                // SAFETY: every descriptor belongs to a link in `ctx.links`, which outlives
+                // this poll call; none is closed meanwhile (this thread owns the links).
+                #[allow(unsafe_code)]
+                let mut fds: Vec<PollFd<'_>> = armed
+                    .iter()
+                    .map(|&(_, fd, f)| PollFd::new(unsafe { BorrowedFd::borrow_raw(fd) }, f))
+                    .collect();
+                let ms = (ctx.deadline - now).as_millis().clamp(1, 100) as u16;
+                let _ = poll(&mut fds, PollTimeout::from(ms));
+                woke = armed
+                    .iter()
+                    .zip(&fds)
+                    .filter(|((p, _, _), f)| {
+                        driven[*p] & 2 == 0 && f.revents().is_some_and(|r| !r.is_empty())
+                    })
+                    .map(|((p, _, _), _)| *p)
+                    .collect();
+            }
+            for &(p, _, _) in armed.iter() {
+                if let Some(l) = ctx.links.links[p].as_mut() {
+                    l.disarm();
+                }
+            }
             // An idle link that became readable: a peer's abort, goodbye or death, or data
             // for a later step (not watched again this step).
-            let ready: Vec<usize> = want
-                .iter()
-                .zip(&fds)
-                .filter(|((p, _, _), f)| {
-                    !pending_recv.contains(p) && f.revents().is_some_and(|r| !r.is_empty())
-                })
-                .map(|((p, _, _), _)| *p)
-                .collect();
-            for p in ready {
+            for p in woke {
                 early[p] = watch_idle(ctx, p)?;
             }
+            idle_since = None;
         }
     }
     Ok(())

@@ -6,18 +6,48 @@ use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 
+use nix::poll::PollFlags;
+
 /// One peer's connection.
 pub trait Link: Send {
     /// Transport name for logs (`TCP`, `SHM`, `RoCE`).
     fn kind(&self) -> &'static str;
     /// Writes what it can without blocking (`Ok(0)` when full).
     fn write_some(&mut self, data: &[u8]) -> io::Result<usize>;
+    /// Writes `a` then `b` as one stream, as much as fits without blocking (a frame header
+    /// and its payload in one system call or one ring update).
+    fn write_two(&mut self, a: &[u8], b: &[u8]) -> io::Result<usize> {
+        let n = self.write_some(a)?;
+        if n < a.len() {
+            return Ok(n);
+        }
+        Ok(n + self.write_some(b)?)
+    }
     /// Reads what is there without blocking; `Err(UnexpectedEof)` once the peer closed.
     fn read_some(&mut self, buf: &mut [u8]) -> io::Result<usize>;
     /// Looks at what is there without consuming it (`Err(UnexpectedEof)` once closed).
     fn peek(&self, buf: &mut [u8]) -> io::Result<usize>;
     /// The descriptor to sleep on.
     fn fd(&self) -> RawFd;
+    /// Prepares to sleep on [`Self::fd`] until the link can be read (`read`) or written
+    /// (`write`): returns the poll events to wait for, or `None` when there is already
+    /// something to do (do not sleep).
+    fn arm(&mut self, read: bool, write: bool) -> Option<PollFlags> {
+        let mut f = PollFlags::empty();
+        if read {
+            f |= PollFlags::POLLIN;
+        }
+        if write {
+            f |= PollFlags::POLLOUT;
+        }
+        Some(f)
+    }
+    /// After a sleep: withdraws the wake-up requests [`Self::arm`] made.
+    fn disarm(&mut self) {}
+    /// The shared-memory link behind this one, for reductions straight out of its ring.
+    fn as_shm(&mut self) -> Option<&mut crate::shm::ShmLink> {
+        None
+    }
 }
 
 /// A TCP connection (non-blocking, Nagle off).
@@ -53,6 +83,17 @@ impl Link for TcpLink {
             return Ok(0);
         }
         match self.stream.write(data) {
+            Ok(n) => Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+    fn write_two(&mut self, a: &[u8], b: &[u8]) -> io::Result<usize> {
+        match self
+            .stream
+            .write_vectored(&[io::IoSlice::new(a), io::IoSlice::new(b)])
+        {
             Ok(n) => Ok(n),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),

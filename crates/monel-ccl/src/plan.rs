@@ -167,7 +167,9 @@ pub fn schedule(
     let avg = |o: RedOp| o == RedOp::Avg;
     Ok(match (coll, algo) {
         (Collective::AllReduce(o), Algorithm::Ring) => sch::allreduce_ring(n, r, count, avg(o)),
-        (Collective::AllReduce(o), Algorithm::Direct) => sch::allreduce_direct(n, r, count, avg(o)),
+        (Collective::AllReduce(o), Algorithm::Direct) => {
+            sch::allreduce_direct(n, r, count, avg(o), in_place)
+        }
         (Collective::AllReduce(o), _) => sch::allreduce_deterministic(n, r, count, avg(o)),
         (Collective::Broadcast(root), Algorithm::Ring) => {
             sch::broadcast_chain(n, r, count, root, slice)

@@ -8,8 +8,9 @@ use half::{bf16, f16};
 
 use crate::dtype::{DataType, RedOp};
 
-macro_rules! kernel {
-    ($dst:expr, $src:expr, $t:ty, $n:literal, |$a:ident, $b:ident| $e:expr) => {
+/// `dst[i] = dst[i] op src[i]` over fixed-size little-endian elements.
+macro_rules! kernel2 {
+    (($dst:expr, $src:expr), $t:ty, $n:literal, |$a:ident, $b:ident| $e:expr) => {
         for (d, s) in $dst.chunks_exact_mut($n).zip($src.chunks_exact($n)) {
             let $a = <$t>::from_le_bytes(d.try_into().expect("chunk"));
             let $b = <$t>::from_le_bytes(s.try_into().expect("chunk"));
@@ -18,26 +19,68 @@ macro_rules! kernel {
     };
 }
 
-macro_rules! int_ops {
-    ($dst:expr, $src:expr, $op:expr, $t:ty, $n:literal) => {
-        match $op {
-            RedOp::Sum | RedOp::Avg => kernel!($dst, $src, $t, $n, |a, b| a.wrapping_add(b)),
-            RedOp::Prod => kernel!($dst, $src, $t, $n, |a, b| a.wrapping_mul(b)),
-            RedOp::Min => kernel!($dst, $src, $t, $n, |a, b| a.min(b)),
-            RedOp::Max => kernel!($dst, $src, $t, $n, |a, b| a.max(b)),
+/// `out[i] = x[i] op y[i]`.
+macro_rules! kernel3 {
+    (($out:expr, $x:expr, $y:expr), $t:ty, $n:literal, |$a:ident, $b:ident| $e:expr) => {
+        for ((d, x), y) in $out
+            .chunks_exact_mut($n)
+            .zip($x.chunks_exact($n))
+            .zip($y.chunks_exact($n))
+        {
+            let $a = <$t>::from_le_bytes(x.try_into().expect("chunk"));
+            let $b = <$t>::from_le_bytes(y.try_into().expect("chunk"));
+            d.copy_from_slice(&($e).to_le_bytes());
         }
     };
 }
 
-macro_rules! float_ops {
-    ($dst:expr, $src:expr, $op:expr, $t:ty, $n:literal) => {
-        match $op {
-            RedOp::Sum | RedOp::Avg => kernel!($dst, $src, $t, $n, |a, b| a + b),
-            RedOp::Prod => kernel!($dst, $src, $t, $n, |a, b| a * b),
-            RedOp::Min => kernel!($dst, $src, $t, $n, |a, b| if b < a { b } else { a }),
-            RedOp::Max => kernel!($dst, $src, $t, $n, |a, b| if b > a { b } else { a }),
+/// Every type and operation through kernel `$k` over the buffers `$bufs`.
+macro_rules! dispatch {
+    ($k:ident, $bufs:tt, $dtype:expr, $op:expr) => {{
+        macro_rules! int_ops {
+            ($t:ty, $n:literal) => {
+                match $op {
+                    RedOp::Sum | RedOp::Avg => $k!($bufs, $t, $n, |a, b| a.wrapping_add(b)),
+                    RedOp::Prod => $k!($bufs, $t, $n, |a, b| a.wrapping_mul(b)),
+                    RedOp::Min => $k!($bufs, $t, $n, |a, b| a.min(b)),
+                    RedOp::Max => $k!($bufs, $t, $n, |a, b| a.max(b)),
+                }
+            };
         }
-    };
+        macro_rules! float_ops {
+            ($t:ty, $n:literal) => {
+                match $op {
+                    RedOp::Sum | RedOp::Avg => $k!($bufs, $t, $n, |a, b| a + b),
+                    RedOp::Prod => $k!($bufs, $t, $n, |a, b| a * b),
+                    RedOp::Min => $k!($bufs, $t, $n, |a, b| if b < a { b } else { a }),
+                    RedOp::Max => $k!($bufs, $t, $n, |a, b| if b > a { b } else { a }),
+                }
+            };
+        }
+        let op = $op;
+        match $dtype {
+            DataType::I8 => int_ops!(i8, 1),
+            DataType::U8 => int_ops!(u8, 1),
+            DataType::I32 => int_ops!(i32, 4),
+            DataType::U32 => int_ops!(u32, 4),
+            DataType::I64 => int_ops!(i64, 8),
+            DataType::U64 => int_ops!(u64, 8),
+            DataType::F32 => float_ops!(f32, 4),
+            DataType::F64 => float_ops!(f64, 8),
+            DataType::F16 => $k!($bufs, u16, 2, |a, b| f16::from_f32(widened(
+                f16::from_bits(a).to_f32(),
+                f16::from_bits(b).to_f32(),
+                op
+            ))
+            .to_bits()),
+            DataType::Bf16 => $k!($bufs, u16, 2, |a, b| bf16::from_f32(widened(
+                bf16::from_bits(a).to_f32(),
+                bf16::from_bits(b).to_f32(),
+                op
+            ))
+            .to_bits()),
+        }
+    }};
 }
 
 fn widened(a: f32, b: f32, op: RedOp) -> f32 {
@@ -65,28 +108,13 @@ fn widened(a: f32, b: f32, op: RedOp) -> f32 {
 /// and have the same length (the caller checks; extra bytes are ignored).
 pub fn reduce_into(dst: &mut [u8], src: &[u8], dtype: DataType, op: RedOp) {
     debug_assert_eq!(dst.len(), src.len());
-    match dtype {
-        DataType::I8 => int_ops!(dst, src, op, i8, 1),
-        DataType::U8 => int_ops!(dst, src, op, u8, 1),
-        DataType::I32 => int_ops!(dst, src, op, i32, 4),
-        DataType::U32 => int_ops!(dst, src, op, u32, 4),
-        DataType::I64 => int_ops!(dst, src, op, i64, 8),
-        DataType::U64 => int_ops!(dst, src, op, u64, 8),
-        DataType::F32 => float_ops!(dst, src, op, f32, 4),
-        DataType::F64 => float_ops!(dst, src, op, f64, 8),
-        DataType::F16 => kernel!(dst, src, u16, 2, |a, b| f16::from_f32(widened(
-            f16::from_bits(a).to_f32(),
-            f16::from_bits(b).to_f32(),
-            op
-        ))
-        .to_bits()),
-        DataType::Bf16 => kernel!(dst, src, u16, 2, |a, b| bf16::from_f32(widened(
-            bf16::from_bits(a).to_f32(),
-            bf16::from_bits(b).to_f32(),
-            op
-        ))
-        .to_bits()),
-    }
+    dispatch!(kernel2, (dst, src), dtype, op)
+}
+
+/// `out[i] = x[i] op y[i]`: one pass where a copy and [`reduce_into`] would take two.
+pub fn reduce_to(out: &mut [u8], x: &[u8], y: &[u8], dtype: DataType, op: RedOp) {
+    debug_assert!(out.len() == x.len() && x.len() == y.len());
+    dispatch!(kernel3, (out, x, y), dtype, op)
 }
 
 /// Divides every element by `n` (the last step of [`RedOp::Avg`]): floats exactly as `x / n`
@@ -144,6 +172,22 @@ mod tests {
         assert_eq!(a, f32s(&[2.0, 0.5, 4.0]));
         divide(&mut a, DataType::F32, 2);
         assert_eq!(a, f32s(&[1.0, 0.25, 2.0]));
+    }
+
+    #[test]
+    fn three_operand_form_matches_two_operand() {
+        for t in DataType::ALL {
+            for op in RedOp::ALL {
+                let x: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37) ^ 0x15).collect();
+                let y: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(11) ^ 0x2c).collect();
+                let mut two = x.clone();
+                reduce_into(&mut two, &y, t, op);
+                let mut three = vec![0u8; 64];
+                reduce_to(&mut three, &x, &y, t, op);
+                // Bitwise, NaNs included: the same arithmetic in the same order.
+                assert_eq!(two, three, "{t} {op:?}");
+            }
+        }
     }
 
     #[test]

@@ -65,6 +65,17 @@ pub enum Op {
         /// Reduce instead of copy.
         reduce: bool,
     },
+    /// Receives one message of `dst.len` elements from `peer` and reduces it with `acc` into
+    /// `dst` (`dst = acc op incoming`): the first touch of a chunk, which spares copying the
+    /// input to the output beforehand. `acc` may be `dst` itself.
+    RecvReduce {
+        /// Source rank.
+        peer: usize,
+        /// The local operand.
+        acc: Span,
+        /// Where the result lands.
+        dst: Span,
+    },
     /// Local copy (a no-op when both spans are the same memory).
     Copy {
         /// From.
@@ -114,7 +125,9 @@ impl Schedule {
             .iter()
             .flat_map(|s| s.ops.iter())
             .filter_map(|o| match o {
-                Op::Send { peer, .. } | Op::Recv { peer, .. } => Some(*peer),
+                Op::Send { peer, .. } | Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => {
+                    Some(*peer)
+                }
                 _ => None,
             })
             .collect();
@@ -154,31 +167,72 @@ fn modn(x: isize, n: usize) -> usize {
     x.rem_euclid(n as isize) as usize
 }
 
-/// Ring reduce-scatter over `work` (count elements split into n chunks): after n-1 steps rank
-/// r holds the full reduction of chunk r. Sends chunk r-1-s at step s, receives and reduces
-/// chunk r-2-s (NCCL's ring).
+/// Where a ring reduce-scatter reads and writes.
+struct RingRs {
+    /// Where chunk c's own contribution is (the input).
+    acc: Buf,
+    /// Where the partial sum of chunk c received at step k waits to be sent at step k+1:
+    /// `slot(k, chunks, c)`.
+    slot: fn(usize, &[Range<usize>], usize) -> Span,
+    /// Where chunk r, the finished one, lands.
+    last: Span,
+}
+
+/// Ring reduce-scatter (NCCL's ring): over n-1 steps rank r sends chunk r-1-s and receives
+/// and reduces chunk r-2-s; after the last step the full reduction of chunk r is at
+/// `rs.last`. Every receive reduces the incoming partial sum with this rank's own input
+/// (`RecvReduce`), so nothing is copied beforehand; step 0 sends straight from the input.
 fn ring_reduce_scatter_steps(
     s: &mut Schedule,
     n: usize,
     r: usize,
     chunks: &[Range<usize>],
-    work: Buf,
+    rs: &RingRs,
 ) {
     let next = (r + 1) % n;
     let prev = (r + n - 1) % n;
     for k in 0..n - 1 {
         let send = modn(r as isize - 1 - k as isize, n);
         let recv = modn(r as isize - 2 - k as isize, n);
+        let src = if k == 0 {
+            Span::of(rs.acc, chunks[send].clone())
+        } else {
+            (rs.slot)(k - 1, chunks, send)
+        };
+        let dst = if k == n - 2 {
+            rs.last
+        } else {
+            (rs.slot)(k, chunks, recv)
+        };
         let ops = s.step();
-        ops.push(Op::Send {
-            peer: next,
-            src: Span::of(work, chunks[send].clone()),
-        });
-        ops.push(Op::Recv {
+        ops.push(Op::Send { peer: next, src });
+        ops.push(Op::RecvReduce {
             peer: prev,
-            dst: Span::of(work, chunks[recv].clone()),
-            reduce: true,
+            acc: Span::of(rs.acc, chunks[recv].clone()),
+            dst,
         });
+    }
+}
+
+/// Chunk c of `Output`, at its own offset (partial sums of AllReduce live where the result
+/// will be).
+fn output_slot(_step: usize, chunks: &[Range<usize>], c: usize) -> Span {
+    Span::of(Buf::Output, chunks[c].clone())
+}
+
+/// Chunk c of `Input`, at its own offset (in-place ReduceScatter works on the input).
+fn input_slot(_step: usize, chunks: &[Range<usize>], c: usize) -> Span {
+    Span::of(Buf::Input, chunks[c].clone())
+}
+
+/// Two scratch slots of one chunk each, alternating by step: a partial sum received at step
+/// k is sent at step k+1 while step k+1 receives into the other slot.
+fn alternating_slot(step: usize, chunks: &[Range<usize>], c: usize) -> Span {
+    let len = chunks[c].len();
+    Span {
+        buf: Buf::Scratch,
+        off: (step % 2) * len,
+        len,
     }
 }
 
@@ -214,13 +268,20 @@ fn finish_avg(s: &mut Schedule, avg: bool, dst: Span) {
 pub fn allreduce_ring(n: usize, r: usize, count: usize, avg: bool) -> Schedule {
     let mut s = Schedule::default();
     let all = Span::of(Buf::Output, 0..count);
-    s.step().push(Op::Copy {
-        src: Span::of(Buf::Input, 0..count),
-        dst: all,
-    });
+    if n == 1 {
+        s.step().push(Op::Copy {
+            src: Span::of(Buf::Input, 0..count),
+            dst: all,
+        });
+    }
     if n > 1 {
         let chunks = split(count, n);
-        ring_reduce_scatter_steps(&mut s, n, r, &chunks, Buf::Output);
+        let rs = RingRs {
+            acc: Buf::Input,
+            slot: output_slot,
+            last: Span::of(Buf::Output, chunks[r].clone()),
+        };
+        ring_reduce_scatter_steps(&mut s, n, r, &chunks, &rs);
         finish_avg(&mut s, avg, Span::of(Buf::Output, chunks[r].clone()));
         ring_all_gather_steps(&mut s, n, r, &chunks, Buf::Output);
     } else {
@@ -231,8 +292,40 @@ pub fn allreduce_ring(n: usize, r: usize, count: usize, avg: bool) -> Schedule {
 
 /// AllReduce, direct: every rank sends its whole input to every other and reduces all n
 /// vectors in rank order. One step of latency, n-1 times the data: for tiny counts.
-/// Bitwise deterministic across runs and rank placements.
-pub fn allreduce_direct(n: usize, r: usize, count: usize, avg: bool) -> Schedule {
+/// Bitwise deterministic across runs. Two ranks each reduce the other's vector straight into
+/// their own (`mine op theirs`: the same bits on both for every operation but min and max
+/// of NaNs and signed zeros, as with the ring).
+/// In place, the input is staged in scratch first (the result overwrites it while it is
+/// still being sent).
+pub fn allreduce_direct(n: usize, r: usize, count: usize, avg: bool, in_place: bool) -> Schedule {
+    if n == 2 {
+        let all = Span::of(Buf::Output, 0..count);
+        let mut s = Schedule {
+            scratch: if in_place { count } else { 0 },
+            ..Schedule::default()
+        };
+        let ops = s.step();
+        let mut mine = Span::of(Buf::Input, 0..count);
+        if in_place {
+            let staged = Span::of(Buf::Scratch, 0..count);
+            ops.push(Op::Copy {
+                src: mine,
+                dst: staged,
+            });
+            mine = staged;
+        }
+        ops.push(Op::Send {
+            peer: 1 - r,
+            src: mine,
+        });
+        ops.push(Op::RecvReduce {
+            peer: 1 - r,
+            acc: mine,
+            dst: all,
+        });
+        finish_avg(&mut s, avg, all);
+        return s;
+    }
     let all: Vec<Range<usize>> = vec![0..count; n];
     gather_then_reduce(n, r, &all, 0, avg)
 }
@@ -335,8 +428,9 @@ fn reduce_slots(s: &mut Schedule, n: usize, dst: Span, avg: bool) {
 }
 
 /// ReduceScatter by ring: `Input` holds n * count elements, `Output` receives rank r's count.
-/// In place the ring works on the input itself (the result lands at `r * count`, where the
-/// output is); out of place on a scratch copy.
+/// In place the partial sums live in the input itself (the result lands at `r * count`,
+/// where the output is); out of place in two scratch slots of one chunk, and the last
+/// reduction lands straight in the output.
 pub fn reduce_scatter_ring(
     n: usize,
     r: usize,
@@ -344,28 +438,30 @@ pub fn reduce_scatter_ring(
     avg: bool,
     in_place: bool,
 ) -> Schedule {
-    let total = n * count;
     let chunks: Vec<Range<usize>> = (0..n).map(|k| k * count..(k + 1) * count).collect();
-    let work = if in_place { Buf::Input } else { Buf::Scratch };
+    let out = Span::of(Buf::Output, 0..count);
     let mut s = Schedule {
-        scratch: if in_place { 0 } else { total },
+        scratch: if in_place || n < 3 { 0 } else { 2 * count },
         ..Schedule::default()
     };
-    if !in_place {
+    if n > 1 {
+        let rs = RingRs {
+            acc: Buf::Input,
+            slot: if in_place {
+                input_slot
+            } else {
+                alternating_slot
+            },
+            last: out,
+        };
+        ring_reduce_scatter_steps(&mut s, n, r, &chunks, &rs);
+    } else {
         s.step().push(Op::Copy {
-            src: Span::of(Buf::Input, 0..total),
-            dst: Span::of(Buf::Scratch, 0..total),
+            src: Span::of(Buf::Input, chunks[r].clone()),
+            dst: out,
         });
     }
-    if n > 1 {
-        ring_reduce_scatter_steps(&mut s, n, r, &chunks, work);
-    }
-    let ops = s.step();
-    ops.push(Op::Copy {
-        src: Span::of(work, chunks[r].clone()),
-        dst: Span::of(Buf::Output, 0..count),
-    });
-    finish_avg(&mut s, avg, Span::of(Buf::Output, 0..count));
+    finish_avg(&mut s, avg, out);
     s
 }
 
@@ -555,7 +651,23 @@ pub fn reduce_chain(
 
 /// Checks a schedule's own consistency: no span outside its buffer's `sizes` (input,
 /// output, scratch, in elements), and no step that receives into elements it also sends.
-pub fn validate(s: &Schedule, sizes: [usize; 3]) -> Result<(), String> {
+/// `in_place` gives the element offsets of the input and the output inside the one user
+/// buffer of an in-place call, where `Input` and `Output` spans can be the same memory.
+pub fn validate(
+    s: &Schedule,
+    sizes: [usize; 3],
+    in_place: Option<(usize, usize)>,
+) -> Result<(), String> {
+    // A span's memory: (which allocation, first element, end).
+    let mem = |sp: &Span| -> (u8, usize, usize) {
+        match (sp.buf, in_place) {
+            (Buf::Input, Some((io, _))) => (1, io + sp.off, io + sp.end()),
+            (Buf::Output, Some((_, oo))) => (1, oo + sp.off, oo + sp.end()),
+            (Buf::Input, None) => (0, sp.off, sp.end()),
+            (Buf::Output, None) => (1, sp.off, sp.end()),
+            (Buf::Scratch, _) => (2, sp.off, sp.end()),
+        }
+    };
     let size = |b: Buf| match b {
         Buf::Input => sizes[0],
         Buf::Output => sizes[1],
@@ -566,6 +678,7 @@ pub fn validate(s: &Schedule, sizes: [usize; 3]) -> Result<(), String> {
             Op::Send { src, .. } => vec![*src],
             Op::Recv { dst, .. } | Op::Divide { dst } => vec![*dst],
             Op::Copy { src, dst } | Op::Reduce { src, dst } => vec![*src, *dst],
+            Op::RecvReduce { acc, dst, .. } => vec![*acc, *dst],
         });
         for sp in spans {
             if sp.len > 0 && sp.end() > size(sp.buf) {
@@ -573,10 +686,13 @@ pub fn validate(s: &Schedule, sizes: [usize; 3]) -> Result<(), String> {
             }
         }
         for a in &st.ops {
-            let Op::Recv { dst, .. } = a else { continue };
+            let (Op::Recv { dst, .. } | Op::RecvReduce { dst, .. }) = a else {
+                continue;
+            };
             for b in &st.ops {
                 if let Op::Send { src, .. } = b {
-                    if src.buf == dst.buf && src.off < dst.end() && dst.off < src.end() {
+                    let (a, b) = (mem(dst), mem(src));
+                    if dst.len > 0 && src.len > 0 && a.0 == b.0 && b.1 < a.2 && a.1 < b.2 {
                         return Err(format!(
                             "step {i}: receives into {dst:?} while sending {src:?}"
                         ));

@@ -41,7 +41,7 @@ pub fn run(schedules: &[Schedule], bufs: &mut [Buffers<'_>]) -> Result<()> {
                     }
                 }
                 let recvs = (0..step.ops.len())
-                    .filter(|&i| matches!(step.ops[i], Op::Recv { .. }))
+                    .filter(|&i| matches!(step.ops[i], Op::Recv { .. } | Op::RecvReduce { .. }))
                     .collect();
                 pending[r] = Some(recvs);
                 progress = true;
@@ -50,8 +50,10 @@ pub fn run(schedules: &[Schedule], bufs: &mut [Buffers<'_>]) -> Result<()> {
             let mut seen = Vec::new();
             let mut i = 0;
             while i < waiting.len() {
-                let Op::Recv { peer, dst, reduce } = step.ops[waiting[i]] else {
-                    unreachable!("receives only")
+                let (peer, dst, acc) = match step.ops[waiting[i]] {
+                    Op::Recv { peer, dst, reduce } => (peer, dst, reduce.then_some(dst)),
+                    Op::RecvReduce { peer, acc, dst } => (peer, dst, Some(acc)),
+                    _ => unreachable!("receives only"),
                 };
                 // Messages from one peer match receives in posting order.
                 if seen.contains(&peer) {
@@ -60,7 +62,10 @@ pub fn run(schedules: &[Schedule], bufs: &mut [Buffers<'_>]) -> Result<()> {
                 }
                 seen.push(peer);
                 if let Some(msg) = links.get_mut(&(peer, r)).and_then(VecDeque::pop_front) {
-                    bufs[r].land(dst, &msg, reduce)?;
+                    match acc {
+                        Some(acc) => bufs[r].land_onto(acc, dst, &msg)?,
+                        None => bufs[r].land(dst, &msg, false)?,
+                    }
                     waiting.remove(i);
                     progress = true;
                 } else {

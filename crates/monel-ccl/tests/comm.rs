@@ -1,9 +1,11 @@
-//! Communicators over real TCP sockets on loopback, one thread per rank: every collective
-//! against a reference, and the failure cases (mismatch, a missing rank, a departed rank,
-//! bad arguments, a wrong unique id) each end with a clear error on every rank, never a hang.
+//! Communicators over real transports, one thread per rank: shared memory, TCP on loopback,
+//! and a mix (ranks that claim different hosts). Every collective against a reference, and
+//! the failure cases (mismatch, a missing rank, a departed rank, bad arguments, a wrong
+//! unique id) each end with a clear error on every rank, never a hang.
 
 use std::time::{Duration, Instant};
 
+use monel_ccl::comm::Transports;
 use monel_ccl::{CommConfig, Communicator, DataType, ErrorKind, RedOp, UniqueId};
 
 fn f32s(v: impl IntoIterator<Item = f32>) -> Vec<u8> {
@@ -15,8 +17,44 @@ fn to_f32(b: &[u8]) -> Vec<f32> {
         .collect()
 }
 
+/// How the ranks of a test connect.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mode {
+    /// Shared memory between every pair, with rings of this many bytes.
+    Shm(usize),
+    /// TCP only (`MONEL_TRANSPORT=tcp`).
+    Tcp,
+    /// Ranks 2k and 2k+1 claim one host: shared memory inside, TCP across.
+    Mixed,
+}
+
+const MODES: [Mode; 4] = [Mode::Shm(1 << 20), Mode::Shm(4096), Mode::Tcp, Mode::Mixed];
+
+fn config(mode: Mode, r: usize, timeout: Duration) -> CommConfig {
+    let mut cfg = CommConfig {
+        timeout,
+        ..CommConfig::default()
+    };
+    match mode {
+        Mode::Shm(ring) => cfg.shm.ring = ring,
+        Mode::Tcp => cfg.transports = Transports::parse("tcp").unwrap(),
+        Mode::Mixed => cfg.shm.host = Some(format!("host{}", r / 2)),
+    }
+    cfg
+}
+
 /// Runs `f(comm)` on `n` ranks (threads) of one communicator; returns each rank's result.
 fn ranks<T: Send + 'static>(
+    n: usize,
+    timeout: Duration,
+    f: impl Fn(&mut Communicator) -> T + Send + Sync + Clone + 'static,
+) -> Vec<T> {
+    ranks_over(Mode::Shm(1 << 20), n, timeout, f)
+}
+
+/// As [`ranks`], connected as `mode` says; checks that every pair took the path it should.
+fn ranks_over<T: Send + 'static>(
+    mode: Mode,
     n: usize,
     timeout: Duration,
     f: impl Fn(&mut Communicator) -> T + Send + Sync + Clone + 'static,
@@ -26,11 +64,20 @@ fn ranks<T: Send + 'static>(
         .map(|r| {
             let (id, f) = (id.clone(), f.clone());
             std::thread::spawn(move || {
-                let cfg = CommConfig {
-                    timeout,
-                    ..CommConfig::default()
-                };
+                let cfg = config(mode, r, timeout);
                 let mut c = Communicator::init_rank(n, r, &id, cfg).unwrap();
+                for (j, p) in (0..n).filter(|&j| j != r).zip(c.paths()) {
+                    let shm = match mode {
+                        Mode::Shm(_) => true,
+                        Mode::Tcp => false,
+                        Mode::Mixed => j / 2 == r / 2,
+                    };
+                    let want = if shm { "via SHM" } else { "via TCP" };
+                    assert!(
+                        p.starts_with(&format!("rank {r} -> {j} {want}")),
+                        "{mode:?}: {p}"
+                    );
+                }
                 f(&mut c)
             })
         })
@@ -39,9 +86,9 @@ fn ranks<T: Send + 'static>(
 }
 
 #[test]
-fn every_collective_over_tcp() {
-    for n in [1, 3, 4] {
-        let out = ranks(n, Duration::from_secs(20), move |c| {
+fn every_collective_over_every_transport() {
+    for (mode, n) in MODES.into_iter().flat_map(|m| [(m, 1), (m, 3), (m, 4)]) {
+        let out = ranks_over(mode, n, Duration::from_secs(20), move |c| {
             let (r, n) = (c.rank(), c.size());
             let count = 1000 + 3; // not a multiple of n
             let mine = f32s((0..count).map(|i| (i % 13) as f32 + r as f32));
@@ -125,6 +172,24 @@ fn every_collective_over_tcp() {
                 let w: f32 = (0..n).map(|q| ((i * 7 + q) % 11) as f32).sum();
                 assert_eq!(got[i], w, "element {i}");
             }
+            // Odd byte counts first, then 8-byte elements: elements straddle ring wraps.
+            for round in 0..20u64 {
+                let mut odd = vec![1u8; 3 + round as usize];
+                let len = odd.len();
+                c.all_reduce_in_place(&mut odd, len, DataType::U8, RedOp::Sum)
+                    .unwrap();
+                assert!(odd.iter().all(|&x| x as usize == n));
+                let count = 333 + round as usize * 17;
+                let mut w: Vec<u8> = (0..count as u64)
+                    .flat_map(|i| (i * (r as u64 + 1)).to_le_bytes())
+                    .collect();
+                c.all_reduce_in_place(&mut w, count, DataType::U64, RedOp::Sum)
+                    .unwrap();
+                let tri = (n * (n + 1) / 2) as u64;
+                for (i, e) in w.chunks_exact(8).enumerate() {
+                    assert_eq!(u64::from_le_bytes(e.try_into().unwrap()), i as u64 * tri);
+                }
+            }
         });
         assert_eq!(out.len(), n);
     }
@@ -165,7 +230,13 @@ fn mismatched_collectives_fail_on_every_rank() {
 
 #[test]
 fn a_missing_rank_is_named_with_where_it_was() {
-    let errs = ranks(3, Duration::from_millis(1500), |c| {
+    for mode in [Mode::Shm(1 << 20), Mode::Tcp] {
+        missing_rank(mode);
+    }
+}
+
+fn missing_rank(mode: Mode) {
+    let errs = ranks_over(mode, 3, Duration::from_millis(1500), |c| {
         c.barrier().unwrap();
         if c.rank() == 2 {
             // Rank 2 never calls the all-reduce; it waits until the others gave up.
@@ -187,8 +258,14 @@ fn a_missing_rank_is_named_with_where_it_was() {
 
 #[test]
 fn a_departed_rank_fails_its_peers_fast() {
+    for mode in MODES {
+        departed_rank(mode);
+    }
+}
+
+fn departed_rank(mode: Mode) {
     let t0 = Instant::now();
-    let errs = ranks(3, Duration::from_secs(20), |c| {
+    let errs = ranks_over(mode, 3, Duration::from_secs(20), |c| {
         if c.rank() == 0 {
             return None; // drops its communicator: its peers get a goodbye
         }

@@ -114,7 +114,12 @@ fn run_case(c: &Case) -> Result<(), String> {
             (true, Some((len, _, _))) => (len, len),
             _ => (i, o),
         };
-        validate(s, [i.max(o), i.max(o), 0]).map_err(|e| format!("rank {r}: {e}"))?;
+        let layout = c
+            .coll
+            .in_place_layout(n, r, count)
+            .filter(|_| c.in_place)
+            .map(|(_, io, oo)| (io, oo));
+        validate(s, [i.max(o), i.max(o), 0], layout).map_err(|e| format!("rank {r}: {e}"))?;
     }
     // Buffers per rank.
     let mut ins: Vec<Vec<u8>> = Vec::new();

@@ -191,10 +191,16 @@ pub(crate) fn run(a: &BenchArgs) -> anyhow::Result<()> {
                     outs * es
                 }
             ];
+            // In place, the input is (re)placed before the first call and before the checked
+            // one, not inside the timed loop (as nccl-tests does).
+            let reset = |out: &mut Vec<u8>| {
+                if let Some((_, io_off, _)) = layout.filter(|_| in_place) {
+                    out[io_off * es..io_off * es + input.len()].copy_from_slice(&input);
+                }
+            };
+            reset(&mut out);
             let call = |comm: &mut Communicator, out: &mut Vec<u8>| -> anyhow::Result<()> {
                 let io = if in_place {
-                    let (_, io_off, _) = layout.expect("checked");
-                    out[io_off * es..io_off * es + input.len()].copy_from_slice(&input);
                     Io::InPlace(out)
                 } else {
                     Io::Separate {
@@ -223,6 +229,7 @@ pub(crate) fn run(a: &BenchArgs) -> anyhow::Result<()> {
             row.algbw[k] = row.size as f64 / us / 1e3;
             row.busbw[k] = row.algbw[k] * factor;
             if a.check != 0 {
+                reset(&mut out);
                 call(&mut comm, &mut out)?;
                 let off = if in_place {
                     layout.map_or(0, |l| l.2) * es

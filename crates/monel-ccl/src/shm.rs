@@ -1,0 +1,806 @@
+//! Shared-memory links between two ranks on one host: a pair of single-producer,
+//! single-consumer byte rings in one mapped segment (one ring per direction), so a message
+//! costs one copy into the ring and one copy (or reduction) out of it, and the ring is small
+//! enough to stay in cache while both sides stream through it.
+//!
+//! The pair's TCP connection stays open beside the segment, carrying no data: it is the
+//! doorbell (one byte wakes a peer that went to sleep in poll) and the liveness signal (a
+//! peer that exits closes it, so a rank waiting on a dead peer's ring finds out at once).
+//!
+//! Setup ([`upgrade`]): the lower rank creates the segment in `/dev/shm`, writes a random
+//! nonce into it and offers its name and the nonce over TCP; the higher rank maps it and
+//! accepts only if it reads the same nonce (proof that both really share the memory), and
+//! the creator then unlinks the file, so nothing outlives the two processes.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::num::NonZeroUsize;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::poll::PollFlags;
+use nix::sys::mman::{MapFlags, ProtFlags, mmap, munmap};
+
+use crate::link::Link;
+
+const MAGIC_OFFER: &[u8; 4] = b"MNLS";
+const PAGE: usize = 4096;
+/// Most bytes copied before the other side is told (so it can start on them).
+const PIECE: usize = 64 << 10;
+/// Default ring size per direction.
+pub const DEFAULT_RING: usize = 1 << 20;
+
+/// One cache line holding one counter.
+#[repr(C, align(64))]
+struct Line(AtomicU64);
+
+/// A ring's shared control block: positions count bytes since the start and only grow.
+#[repr(C)]
+struct Ctrl {
+    /// Bytes the writer has published.
+    head: Line,
+    /// Bytes the reader has consumed.
+    tail: Line,
+    /// The reader is (about to be) asleep: the writer rings after publishing.
+    reader_waiting: Line,
+    /// The writer is (about to be) asleep for room: the reader rings after consuming.
+    writer_waiting: Line,
+}
+
+/// A mapped segment, unmapped on drop.
+struct Segment {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl Segment {
+    fn map(file: &File, len: usize) -> io::Result<Self> {
+        let nz = NonZeroUsize::new(len).ok_or_else(|| io::Error::other("empty segment"))?;
+        // SAFETY: a fresh shared mapping of a file we hold open, `len` bytes long (the
+        // caller sized or checked the file); nothing else in this process aliases it.
+        #[allow(unsafe_code)]
+        let p = unsafe {
+            mmap(
+                None,
+                nz,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+                file,
+                0,
+            )
+        }?;
+        Ok(Self { ptr: p.cast(), len })
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly what mmap returned; no reference into the mapping
+        // outlives the link that owns this segment.
+        #[allow(unsafe_code)]
+        let _ = unsafe { munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// Segment layout for ring capacity `cap`: a header page (nonce), then per direction a
+/// control page and `cap` bytes of data.
+fn layout(cap: usize) -> (usize, [usize; 2], [usize; 2]) {
+    let ctrl = [PAGE, 2 * PAGE + cap];
+    let data = [2 * PAGE, 3 * PAGE + cap];
+    (3 * PAGE + 2 * cap, ctrl, data)
+}
+
+/// One direction of the pair.
+struct Ring {
+    ctrl: NonNull<Ctrl>,
+    data: NonNull<u8>,
+    cap: usize,
+    /// This side's copy of its own position (head when writing, tail when reading).
+    pos: u64,
+    /// The other side's position as last read (the writer's view of `tail`): rereading
+    /// it only when it seems short of room keeps the two sides off each other's cache lines.
+    seen: u64,
+}
+
+impl Ring {
+    fn new(seg: &Segment, ctrl_off: usize, data_off: usize, cap: usize) -> Self {
+        let at = |off: usize| {
+            assert!(off < seg.len, "offset inside the segment");
+            // SAFETY: `off` is inside the mapping (asserted), so the pointer is in bounds
+            // and non-null.
+            #[allow(unsafe_code)]
+            unsafe {
+                NonNull::new_unchecked(seg.ptr.as_ptr().add(off))
+            }
+        };
+        Self {
+            ctrl: at(ctrl_off).cast(),
+            data: at(data_off),
+            cap,
+            pos: 0,
+            seen: 0,
+        }
+    }
+
+    fn ctrl(&self) -> &Ctrl {
+        // SAFETY: the control block is page-aligned inside the live mapping (owned by the
+        // same link) and holds only atomics, which are valid for any bit pattern and may be
+        // shared across processes.
+        #[allow(unsafe_code)]
+        unsafe {
+            self.ctrl.as_ref()
+        }
+    }
+
+    /// The other side's position, checked: a peer that corrupts it is an error, not a
+    /// wild read.
+    fn published(&self, other: &AtomicU64, writer: bool) -> io::Result<u64> {
+        let v = other.load(Ordering::Acquire);
+        let ok = if writer {
+            // We read: head must be within [tail, tail + cap].
+            v >= self.pos && v - self.pos <= self.cap as u64
+        } else {
+            // We write: tail must be within [head - cap, head].
+            v <= self.pos && self.pos - v <= self.cap as u64
+        };
+        if ok {
+            Ok(v)
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "shared-memory ring positions are corrupt",
+            ))
+        }
+    }
+
+    /// Copies `src` into the ring at byte position `at` (wrapping).
+    fn put(&self, at: u64, src: &[u8]) {
+        let off = (at % self.cap as u64) as usize;
+        let first = src.len().min(self.cap - off);
+        // SAFETY: both ranges lie inside the ring's `cap` data bytes; they are free space
+        // (the reader consumed them and will not touch them until `head` is published), so
+        // nothing else reads or writes them meanwhile.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.data.as_ptr().add(off), first);
+            std::ptr::copy_nonoverlapping(
+                src.as_ptr().add(first),
+                self.data.as_ptr(),
+                src.len() - first,
+            );
+        }
+    }
+
+    /// Copies from the ring at byte position `at` (wrapping) into `dst`.
+    fn get(&self, at: u64, dst: &mut [u8]) {
+        let off = (at % self.cap as u64) as usize;
+        let first = dst.len().min(self.cap - off);
+        // SAFETY: both ranges lie inside the ring's data bytes and were published by the
+        // writer (below `head`), who will not reuse them until `tail` moves past them.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.data.as_ptr().add(off), dst.as_mut_ptr(), first);
+            std::ptr::copy_nonoverlapping(
+                self.data.as_ptr(),
+                dst.as_mut_ptr().add(first),
+                dst.len() - first,
+            );
+        }
+    }
+
+    /// The published bytes from `pos` up to the wrap point, in place.
+    fn contiguous(&self, len: usize) -> &[u8] {
+        let off = (self.pos % self.cap as u64) as usize;
+        let n = len.min(self.cap - off);
+        // SAFETY: `off..off + n` is inside the data area and published (below `head`); the
+        // writer does not touch it until this side advances `tail`, which needs `&mut self`.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::slice::from_raw_parts(self.data.as_ptr().add(off), n)
+        }
+    }
+}
+
+/// A link over shared memory (see the module docs).
+pub struct ShmLink {
+    /// Kept for its lifetime: the rings point into it.
+    _seg: Segment,
+    tx: Ring,
+    rx: Ring,
+    sock: TcpStream,
+    peer_gone: bool,
+}
+
+// SAFETY: the link owns its mapping and the rings point only into it; the ring protocol
+// (atomic positions, data touched only in this side's half) holds whichever thread owns the
+// link, and `&mut self` keeps one thread at a time.
+#[allow(unsafe_code)]
+unsafe impl Send for ShmLink {}
+
+fn gone() -> io::Error {
+    io::ErrorKind::UnexpectedEof.into()
+}
+
+impl ShmLink {
+    fn new(seg: Segment, cap: usize, creator: bool, sock: TcpStream) -> io::Result<Self> {
+        let (_, ctrl, data) = layout(cap);
+        let (t, r) = if creator { (0, 1) } else { (1, 0) };
+        let tx = Ring::new(&seg, ctrl[t], data[t], cap);
+        let rx = Ring::new(&seg, ctrl[r], data[r], cap);
+        sock.set_nonblocking(true)?;
+        sock.set_nodelay(true)?;
+        Ok(Self {
+            _seg: seg,
+            tx,
+            rx,
+            sock,
+            peer_gone: false,
+        })
+    }
+
+    fn ring_doorbell(&self) {
+        // A full socket buffer already holds a wake-up; any other failure shows up as the
+        // peer's end of the connection closing.
+        let _ = (&self.sock).write(&[1]);
+    }
+
+    /// Readable bytes, checked.
+    fn avail(&self) -> io::Result<usize> {
+        let head = self.rx.published(&self.rx.ctrl().head.0, true)?;
+        Ok((head - self.rx.pos) as usize)
+    }
+
+    /// Free room, checked; rereads the reader's position only when `want` does not fit.
+    fn room(&mut self, want: usize) -> io::Result<usize> {
+        let free = self.tx.cap - (self.tx.pos - self.tx.seen) as usize;
+        if free >= want {
+            return Ok(free);
+        }
+        self.tx.seen = self.tx.published(&self.tx.ctrl().tail.0, false)?;
+        Ok(self.tx.cap - (self.tx.pos - self.tx.seen) as usize)
+    }
+
+    fn consumed(&mut self, n: usize) {
+        self.rx.pos += n as u64;
+        let c = self.rx.ctrl();
+        c.tail.0.store(self.rx.pos, Ordering::SeqCst);
+        if c.writer_waiting.0.load(Ordering::SeqCst) != 0
+            && c.writer_waiting.0.swap(0, Ordering::SeqCst) != 0
+        {
+            self.ring_doorbell();
+        }
+    }
+
+    /// The readable bytes up to the ring's wrap point, to use in place (reduce straight out
+    /// of the ring); [`Self::consume`] releases them. Empty when nothing is there;
+    /// `Err(UnexpectedEof)` once the peer is gone and the ring is drained.
+    pub fn readable(&mut self) -> io::Result<&[u8]> {
+        let n = self.avail()?;
+        if n == 0 && self.peer_gone {
+            return Err(gone());
+        }
+        Ok(self.rx.contiguous(n))
+    }
+
+    /// Releases `n` bytes [`Self::readable`] returned.
+    pub fn consume(&mut self, n: usize) {
+        self.consumed(n);
+    }
+}
+
+impl Link for ShmLink {
+    fn kind(&self) -> &'static str {
+        "SHM"
+    }
+
+    fn write_some(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.write_two(data, &[])
+    }
+
+    fn write_two(&mut self, a: &[u8], b: &[u8]) -> io::Result<usize> {
+        if self.peer_gone {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        let total = a.len() + b.len();
+        let mut done = 0;
+        while done < total {
+            let want = (total - done).min(PIECE);
+            let n = self.room(want)?.min(want);
+            if n == 0 {
+                break;
+            }
+            // n bytes of a ++ b, from offset `done`.
+            let (mut at, mut left, mut off) = (self.tx.pos, n, done);
+            for part in [a, b] {
+                if off >= part.len() {
+                    off -= part.len();
+                    continue;
+                }
+                let k = (part.len() - off).min(left);
+                self.tx.put(at, &part[off..off + k]);
+                at += k as u64;
+                left -= k;
+                off = 0;
+                if left == 0 {
+                    break;
+                }
+            }
+            self.tx.pos += n as u64;
+            let c = self.tx.ctrl();
+            c.head.0.store(self.tx.pos, Ordering::SeqCst);
+            if c.reader_waiting.0.load(Ordering::SeqCst) != 0
+                && c.reader_waiting.0.swap(0, Ordering::SeqCst) != 0
+            {
+                self.ring_doorbell();
+            }
+            done += n;
+        }
+        Ok(done)
+    }
+
+    fn read_some(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            let n = self.avail()?.min(buf.len() - done).min(PIECE);
+            if n == 0 {
+                break;
+            }
+            self.rx.get(self.rx.pos, &mut buf[done..done + n]);
+            self.consumed(n);
+            done += n;
+        }
+        if done == 0 && !buf.is_empty() && self.peer_gone {
+            return Err(gone());
+        }
+        Ok(done)
+    }
+
+    fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.avail()?.min(buf.len());
+        if n == 0 && self.peer_gone {
+            return Err(gone());
+        }
+        self.rx.get(self.rx.pos, &mut buf[..n]);
+        Ok(n)
+    }
+
+    fn fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    fn arm(&mut self, read: bool, write: bool) -> Option<PollFlags> {
+        if self.peer_gone {
+            return None;
+        }
+        let mut ready = false;
+        if read {
+            self.rx.ctrl().reader_waiting.0.store(1, Ordering::SeqCst);
+            ready |= !matches!(self.avail(), Ok(0));
+        }
+        if write {
+            self.tx.ctrl().writer_waiting.0.store(1, Ordering::SeqCst);
+            ready |= !matches!(self.room(1), Ok(0));
+        }
+        if ready {
+            self.disarm();
+            return None;
+        }
+        Some(PollFlags::POLLIN)
+    }
+
+    fn disarm(&mut self) {
+        self.rx.ctrl().reader_waiting.0.store(0, Ordering::SeqCst);
+        self.tx.ctrl().writer_waiting.0.store(0, Ordering::SeqCst);
+        let mut b = [0u8; 64];
+        loop {
+            match self.sock.read(&mut b) {
+                Ok(0) => {
+                    self.peer_gone = true;
+                    return;
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(_) => {
+                    self.peer_gone = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn as_shm(&mut self) -> Option<&mut ShmLink> {
+        Some(self)
+    }
+}
+
+/// What shared memory this rank offers or accepts.
+#[derive(Debug, Clone)]
+pub struct ShmConfig {
+    /// Shared memory allowed at all.
+    pub enabled: bool,
+    /// Ring bytes per direction (a power of two).
+    pub ring: usize,
+    /// Where segments are created (`/dev/shm`).
+    pub dir: PathBuf,
+    /// This rank's host identity: ranks that name different hosts never share memory, even
+    /// when they could (`MONEL_HOST`; lets one machine stand in for several).
+    pub host: Option<String>,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            ring: DEFAULT_RING,
+            dir: PathBuf::from("/dev/shm"),
+            host: None,
+        }
+    }
+}
+
+/// The outcome of trying shared memory with one peer.
+pub enum Upgrade {
+    /// Shared memory it is.
+    Shm(ShmLink),
+    /// The TCP stream back, and why shared memory was not used.
+    Tcp(TcpStream, String),
+}
+
+fn send_msg(s: &mut TcpStream, kind: u8, fields: &[&[u8]]) -> io::Result<()> {
+    let mut m = MAGIC_OFFER.to_vec();
+    m.push(kind);
+    for f in fields {
+        m.extend((f.len() as u16).to_le_bytes());
+        m.extend(*f);
+    }
+    m.extend(0xffffu16.to_le_bytes());
+    s.write_all(&m)
+}
+
+/// Reads one message: its kind and fields.
+fn recv_msg(s: &mut TcpStream) -> io::Result<(u8, Vec<Vec<u8>>)> {
+    let mut h = [0u8; 5];
+    s.read_exact(&mut h)?;
+    if &h[..4] != MAGIC_OFFER {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "garbled shared-memory handshake",
+        ));
+    }
+    let mut fields = Vec::new();
+    loop {
+        let mut l = [0u8; 2];
+        s.read_exact(&mut l)?;
+        let l = u16::from_le_bytes(l);
+        if l == 0xffff || fields.len() > 8 {
+            break;
+        }
+        let mut f = vec![0u8; usize::from(l)];
+        s.read_exact(&mut f)?;
+        fields.push(f);
+    }
+    Ok((h[4], fields))
+}
+
+const OFFER: u8 = 1;
+const NO_OFFER: u8 = 0;
+const ACCEPT: u8 = 1;
+const DECLINE: u8 = 0;
+
+/// A segment this rank created and offered.
+struct Offered {
+    file: File,
+    path: PathBuf,
+    seg: Segment,
+    nonce: [u8; 16],
+}
+
+fn create(dir: &Path, cap: usize) -> io::Result<Offered> {
+    let mut nonce = [0u8; 16];
+    getrandom::getrandom(&mut nonce).map_err(|e| io::Error::other(e.to_string()))?;
+    let name: String = nonce[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let path = dir.join(format!("monel-{}-{name}", std::process::id()));
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?;
+    let (len, _, _) = layout(cap);
+    let made = (|| {
+        // Reserve the pages now: a full /dev/shm is an error here, not a SIGBUS later.
+        nix::fcntl::posix_fallocate(&file, 0, len as i64)?;
+        let seg = Segment::map(&file, len)?;
+        // SAFETY: the header page is inside the fresh mapping, which nobody else has yet.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::ptr::copy_nonoverlapping(nonce.as_ptr(), seg.ptr.as_ptr(), nonce.len());
+        }
+        Ok::<_, io::Error>(seg)
+    })();
+    match made {
+        Ok(seg) => Ok(Offered {
+            file,
+            path,
+            seg,
+            nonce,
+        }),
+        Err(e) => {
+            let _ = std::fs::remove_file(&path);
+            Err(e)
+        }
+    }
+}
+
+/// Maps the segment a peer offered and checks its nonce.
+fn open(path: &Path, cap: usize, nonce: &[u8]) -> Result<Segment, String> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("cannot open the peer's segment ({e}): another host?"))?;
+    let (len, _, _) = layout(cap);
+    let size = file.metadata().map_err(|e| e.to_string())?.len();
+    if size != len as u64 {
+        return Err(format!("segment is {size} bytes, expected {len}"));
+    }
+    let seg = Segment::map(&file, len).map_err(|e| format!("mmap: {e}"))?;
+    let mut got = [0u8; 16];
+    // SAFETY: the header page is inside the mapping; the creator wrote it before offering.
+    #[allow(unsafe_code)]
+    unsafe {
+        std::ptr::copy_nonoverlapping(seg.ptr.as_ptr(), got.as_mut_ptr(), got.len());
+    }
+    if got[..] != *nonce {
+        return Err("the segment holds another nonce: same name, different host".into());
+    }
+    Ok(seg)
+}
+
+/// Tries to turn each TCP connection into a shared-memory link. Every pair runs the same
+/// handshake (the lower rank offers, the higher accepts or declines with a reason), so both
+/// ends always agree on the transport. Blocking, bounded by `deadline`.
+pub fn upgrade(
+    streams: Vec<Option<TcpStream>>,
+    rank: usize,
+    cfg: &ShmConfig,
+    deadline: Instant,
+) -> io::Result<Vec<Option<Upgrade>>> {
+    let n = streams.len();
+    let mut streams = streams;
+    for s in streams.iter_mut().flatten() {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(100));
+        s.set_read_timeout(Some(left))?;
+    }
+    let host = cfg.host.clone().unwrap_or_default();
+    let cap = cfg.ring.next_power_of_two().max(PAGE);
+    // Offers to every higher rank first (small writes: never block), then answers to every
+    // lower rank's offer, then the higher ranks' answers: no pair waits on another.
+    let mut offered: Vec<Option<Result<Offered, String>>> = (0..n).map(|_| None).collect();
+    for (j, s) in streams.iter_mut().enumerate().skip(rank + 1) {
+        let Some(s) = s else { continue };
+        let o = if cfg.enabled {
+            create(&cfg.dir, cap).map_err(|e| {
+                format!(
+                    "cannot create a segment in {} ({e}); is /dev/shm mounted and big enough?",
+                    cfg.dir.display()
+                )
+            })
+        } else {
+            Err("shared memory disabled on this rank (MONEL_TRANSPORT)".into())
+        };
+        match &o {
+            Ok(o) => send_msg(
+                s,
+                OFFER,
+                &[
+                    o.path.as_os_str().as_encoded_bytes(),
+                    &o.nonce,
+                    &(cap as u64).to_le_bytes(),
+                    host.as_bytes(),
+                ],
+            )?,
+            Err(why) => send_msg(s, NO_OFFER, &[why.as_bytes()])?,
+        }
+        offered[j] = Some(o);
+    }
+    let mut out: Vec<Option<Upgrade>> = (0..n).map(|_| None).collect();
+    for (j, slot) in streams.iter_mut().enumerate().take(rank) {
+        let Some(mut s) = slot.take() else { continue };
+        let (kind, f) = recv_msg(&mut s)?;
+        let verdict: Result<(Segment, usize), String> = if kind != OFFER {
+            Err(format!(
+                "rank {j} offered none: {}",
+                String::from_utf8_lossy(f.first().map_or(&[][..], |v| v))
+            ))
+        } else if f.len() < 4 {
+            Err("malformed offer".into())
+        } else if !cfg.enabled {
+            Err("shared memory disabled on this rank (MONEL_TRANSPORT)".into())
+        } else if f[3] != host.as_bytes() {
+            Err(format!(
+                "different hosts (MONEL_HOST {:?} vs {:?})",
+                String::from_utf8_lossy(&f[3]),
+                host
+            ))
+        } else {
+            let peer_cap = f[2]
+                .get(..8)
+                .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8")) as usize);
+            if !peer_cap.is_power_of_two() || !(PAGE..=1 << 30).contains(&peer_cap) {
+                Err(format!("offered ring of {peer_cap} bytes"))
+            } else {
+                let path = PathBuf::from(String::from_utf8_lossy(&f[0]).into_owned());
+                open(&path, peer_cap, &f[1]).map(|seg| (seg, peer_cap))
+            }
+        };
+        match verdict {
+            Ok((seg, c)) => {
+                send_msg(&mut s, ACCEPT, &[])?;
+                s.set_read_timeout(None)?;
+                out[j] = Some(Upgrade::Shm(ShmLink::new(seg, c, false, s)?));
+            }
+            Err(why) => {
+                send_msg(&mut s, DECLINE, &[why.as_bytes()])?;
+                s.set_read_timeout(None)?;
+                out[j] = Some(Upgrade::Tcp(s, why));
+            }
+        }
+    }
+    for (j, slot) in streams.iter_mut().enumerate().skip(rank + 1) {
+        let Some(mut s) = slot.take() else { continue };
+        let reply = recv_msg(&mut s);
+        let o = offered[j].take().expect("offered to every higher rank");
+        if let Ok(o) = &o {
+            let _ = std::fs::remove_file(&o.path);
+        }
+        let (kind, f) = reply?;
+        s.set_read_timeout(None)?;
+        out[j] = Some(match (o, kind) {
+            (Ok(o), ACCEPT) => {
+                drop(o.file);
+                Upgrade::Shm(ShmLink::new(o.seg, cap, true, s)?)
+            }
+            (Ok(_), _) => Upgrade::Tcp(
+                s,
+                format!(
+                    "rank {j} declined shared memory: {}",
+                    String::from_utf8_lossy(f.first().map_or(&[][..], |v| v))
+                ),
+            ),
+            (Err(why), _) => Upgrade::Tcp(s, why),
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn pair(cap: usize) -> (ShmLink, ShmLink) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let cfg = ShmConfig {
+            ring: cap,
+            ..ShmConfig::default()
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let cfg2 = cfg.clone();
+        let t = std::thread::spawn(move || upgrade(vec![None, Some(b)], 0, &cfg2, deadline));
+        let mut hi = upgrade(vec![Some(a), None], 1, &cfg, deadline).unwrap();
+        let mut lo = t.join().unwrap().unwrap();
+        let (Some(Upgrade::Shm(x)), Some(Upgrade::Shm(y))) = (lo[1].take(), hi[0].take()) else {
+            panic!("expected shared memory both ways");
+        };
+        (x, y)
+    }
+
+    #[test]
+    fn bytes_cross_in_order_through_a_wrapping_ring() {
+        let (mut a, mut b) = pair(PAGE);
+        let msg: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut got = Vec::new();
+        let mut sent = 0;
+        let mut buf = vec![0u8; 3000];
+        while got.len() < msg.len() {
+            sent += a.write_some(&msg[sent..]).unwrap();
+            let n = b.read_some(&mut buf).unwrap();
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(got, msg);
+        // The other direction, with peek.
+        assert_eq!(b.write_some(b"hello").unwrap(), 5);
+        let mut p = [0u8; 8];
+        assert_eq!(a.peek(&mut p).unwrap(), 5);
+        assert_eq!(&p[..5], b"hello");
+        assert_eq!(a.readable().unwrap(), b"hello");
+        a.consume(5);
+        assert_eq!(a.read_some(&mut p).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_full_ring_takes_no_more_and_a_dead_peer_is_seen() {
+        let (mut a, b) = pair(PAGE);
+        let big = vec![9u8; 3 * PAGE];
+        assert_eq!(a.write_some(&big).unwrap(), PAGE);
+        assert_eq!(a.write_some(&big).unwrap(), 0);
+        assert_eq!(a.arm(false, true), Some(PollFlags::POLLIN));
+        drop(b);
+        std::thread::sleep(Duration::from_millis(20));
+        a.disarm();
+        assert_eq!(
+            a.write_some(&big).unwrap_err().kind(),
+            io::ErrorKind::BrokenPipe
+        );
+        let mut p = [0u8; 4];
+        assert_eq!(
+            a.read_some(&mut p).unwrap_err().kind(),
+            io::ErrorKind::UnexpectedEof
+        );
+    }
+
+    #[test]
+    fn a_sleeping_reader_is_woken_by_the_writer() {
+        let (mut a, mut b) = pair(PAGE);
+        assert_eq!(b.arm(true, false), Some(PollFlags::POLLIN));
+        a.write_some(b"x").unwrap();
+        let mut fds = [nix::poll::PollFd::new(
+            std::os::fd::AsFd::as_fd(&b.sock),
+            PollFlags::POLLIN,
+        )];
+        let n = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(2000u16)).unwrap();
+        assert_eq!(n, 1, "the doorbell rang");
+        b.disarm();
+        let mut p = [0u8; 1];
+        assert_eq!(b.read_some(&mut p).unwrap(), 1);
+    }
+
+    #[test]
+    fn corrupt_positions_are_an_error_not_a_wild_read() {
+        let (a, mut b) = pair(PAGE);
+        a.tx.ctrl().head.0.store(10 * PAGE as u64, Ordering::SeqCst);
+        let mut p = [0u8; 4];
+        assert_eq!(
+            b.read_some(&mut p).unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
+    }
+
+    #[test]
+    fn different_hosts_decline_with_a_reason() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let lo_cfg = ShmConfig {
+            host: Some("a".into()),
+            ..ShmConfig::default()
+        };
+        let t = std::thread::spawn(move || upgrade(vec![None, Some(b)], 0, &lo_cfg, deadline));
+        let hi_cfg = ShmConfig {
+            host: Some("b".into()),
+            ..ShmConfig::default()
+        };
+        let hi = upgrade(vec![Some(a), None], 1, &hi_cfg, deadline).unwrap();
+        let lo = t.join().unwrap().unwrap();
+        let Some(Upgrade::Tcp(_, why)) = &hi[0] else {
+            panic!("expected TCP")
+        };
+        assert!(why.contains("different hosts"), "{why}");
+        let Some(Upgrade::Tcp(_, why)) = &lo[1] else {
+            panic!("expected TCP")
+        };
+        assert!(why.contains("declined"), "{why}");
+    }
+}
