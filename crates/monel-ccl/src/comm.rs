@@ -213,6 +213,10 @@ pub struct Communicator {
     /// Executor state and scratch kept between calls.
     pool: Pool,
     scratch: Vec<u8>,
+    /// See [`exec::Ctx::yield_every`].
+    yield_every: u32,
+    /// The cost model's constants for this communicator's links.
+    costs: tune::Costs,
 }
 
 /// A call's shape: everything its schedule depends on.
@@ -407,6 +411,13 @@ impl Communicator {
                 eprintln!("monel INFO {p}");
             }
         }
+        // Ranks sharing this host's cores: more of them than cores, and spinning ranks
+        // must hand the core over at every idle round.
+        let local = 1 + paths.iter().filter(|p| p.contains(" via SHM")).count();
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let yield_every = if local > cores { 1 } else { 64 };
+        let tcp = paths.iter().any(|p| p.contains(" via TCP"));
+        let costs = tune::Costs::of(tcp, local as f64 / cores as f64);
         status.lock().unwrap_or_else(PoisonError::into_inner).state = "idle";
         Ok(Self {
             rank,
@@ -426,6 +437,8 @@ impl Communicator {
             schedules: HashMap::default(),
             pool: Pool::default(),
             scratch: Vec::new(),
+            yield_every,
+            costs,
         })
     }
 
@@ -466,7 +479,13 @@ impl Communicator {
         if let Some(a) = self.cfg.algo.filter(|a| coll.algorithms().contains(a)) {
             return a;
         }
-        tune::choose(coll, self.nranks, count * dtype.size(), self.cfg.chunk)
+        tune::choose(
+            coll,
+            self.nranks,
+            count * dtype.size(),
+            self.cfg.chunk,
+            &self.costs,
+        )
     }
 
     /// Runs a collective on raw bytes. Validation errors leave the communicator usable;
@@ -591,6 +610,7 @@ impl Communicator {
             },
             deadline: Instant::now() + self.cfg.timeout,
             spin: self.cfg.spin,
+            yield_every: self.yield_every,
         };
         let res = exec::run(&mut ctx, &sched, &mut bufs, &mut self.pool);
         self.scratch = bufs.take_scratch();

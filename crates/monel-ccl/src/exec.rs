@@ -48,6 +48,9 @@ pub(crate) struct Ctx<'a> {
     pub(crate) deadline: Instant,
     /// How long to poll without sleeping when nothing moves.
     pub(crate) spin: std::time::Duration,
+    /// Yield the CPU every this many idle rounds: 1 when this host has more ranks than
+    /// cores (a spinning rank would hold the core its peer needs), else rarely.
+    pub(crate) yield_every: u32,
 }
 
 /// A collective's signature and its description, formatted only when a message needs it.
@@ -442,9 +445,9 @@ fn watch_idle(ctx: &mut Ctx<'_>, peer: usize) -> Result<bool> {
 }
 
 /// Waits briefly without sleeping: one pause hint (about 70 ns on recent Intel cores), and
-/// every 64 rounds a yield, so a peer that shares this core (more ranks than cores) runs.
-fn spin_pause(round: u32) {
-    if round % 64 == 63 {
+/// every `every` rounds a yield, so a peer that shares this core runs.
+fn spin_pause(round: u32, every: u32) {
+    if round % every.max(1) == every.max(1) - 1 {
         std::thread::yield_now();
     } else {
         std::hint::spin_loop();
@@ -586,7 +589,7 @@ pub(crate) fn run(
             // until something can move, watching the idle links too.
             let since = *idle_since.get_or_insert(now);
             if now - since < ctx.spin {
-                spin_pause(round);
+                spin_pause(round, ctx.yield_every);
                 round = round.wrapping_add(1);
                 continue;
             }

@@ -1,47 +1,88 @@
 //! The cost model that picks an algorithm: time = steps x alpha + bytes on the critical path
-//! / beta (NCCL's `lat * steps + bytes / bw`), with alpha and beta per transport. The
-//! constants are the TCP loopback figures of this project's development machine (about 15 us
-//! per message and 2 GB/s); `MONEL_ALGO` overrides the choice.
+//! / beta (NCCL's `lat * steps + bytes / bw`), with alpha and beta per transport, calibrated
+//! on this project's 2-core development machine with `monel bench` and `MONEL_ALGO` forced
+//! to each algorithm (see the README). `MONEL_ALGO` overrides the choice.
 
 use crate::plan::{Algorithm, Collective};
 
-/// Per-message latency, seconds.
-const ALPHA: f64 = 15e-6;
-/// Per-link bandwidth, bytes per second.
-const BETA: f64 = 2e9;
+/// A transport's latency per message and bandwidth per link.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Costs {
+    /// Seconds per step.
+    pub alpha: f64,
+    /// Bytes per second per link.
+    pub beta: f64,
+}
+
+impl Costs {
+    /// TCP over loopback: about 15 us per message, 2 GB/s.
+    pub const TCP: Self = Self {
+        alpha: 15e-6,
+        beta: 2e9,
+    };
+    /// Shared memory with a core per rank: 0.5 us per step (a cache-line hand-over plus
+    /// the executor), 5 GB/s (copy into the ring, reduce out of it).
+    pub const SHM: Self = Self {
+        alpha: 0.5e-6,
+        beta: 5e9,
+    };
+
+    /// The costs of a communicator whose slowest link is TCP (`tcp`) or shared memory, on a
+    /// host where `oversubscribed` ranks share cores: each step then waits for a time
+    /// slice, and the cores' bandwidth is split.
+    pub fn of(tcp: bool, oversubscription: f64) -> Self {
+        let base = if tcp { Self::TCP } else { Self::SHM };
+        let k = oversubscription.max(1.0);
+        Self {
+            alpha: base.alpha * k * k,
+            beta: base.beta / k,
+        }
+    }
+}
 
 /// Predicted seconds for `coll` over `n` ranks with `algo` on `bytes` (the count in bytes).
-pub fn predict(coll: Collective, algo: Algorithm, n: usize, bytes: usize, chunk: usize) -> f64 {
+pub fn predict(
+    coll: Collective,
+    algo: Algorithm,
+    n: usize,
+    bytes: usize,
+    chunk: usize,
+    c: &Costs,
+) -> f64 {
     let (nf, s) = (n as f64, bytes as f64);
+    let (alpha, beta) = (c.alpha, c.beta);
     if n <= 1 {
         return 0.0;
     }
     match (coll, algo) {
-        (Collective::AllReduce(_), Algorithm::Direct) => ALPHA + (nf - 1.0) * s / BETA,
+        // Two ranks reduce the whole vector each, straight into the output.
+        (Collective::AllReduce(_), Algorithm::Direct) if n == 2 => alpha + 1.1 * s / beta,
+        // More land every vector in scratch, then reduce them all: two passes.
+        (Collective::AllReduce(_), Algorithm::Direct) => alpha + 2.0 * (nf - 1.0) * s / beta,
         (Collective::AllReduce(_), _) => {
-            2.0 * (nf - 1.0) * ALPHA + 2.0 * (nf - 1.0) / nf * s / BETA
+            2.0 * (nf - 1.0) * alpha + 2.0 * (nf - 1.0) / nf * s / beta
         }
         (Collective::Broadcast(_) | Collective::Reduce(..), Algorithm::Ring) => {
             let m = (bytes.div_ceil(chunk.max(1))).max(1) as f64;
-            (m + nf - 2.0) * (ALPHA + (s / m) / BETA)
+            (m + nf - 2.0) * (alpha + (s / m) / beta)
         }
-        (Collective::Broadcast(_) | Collective::Reduce(..), _) => ALPHA + (nf - 1.0) * s / BETA,
+        (Collective::Broadcast(_) | Collective::Reduce(..), _) => alpha + (nf - 1.0) * s / beta,
         (Collective::AllGather | Collective::ReduceScatter(_), Algorithm::Ring) => {
-            (nf - 1.0) * (ALPHA + s / BETA)
+            (nf - 1.0) * (alpha + s / beta)
         }
-        (Collective::AllGather | Collective::ReduceScatter(_), _) => ALPHA + (nf - 1.0) * s / BETA,
-        _ => ALPHA + (nf - 1.0) * s / BETA,
+        (Collective::AllGather | Collective::ReduceScatter(_), _) => alpha + (nf - 1.0) * s / beta,
+        _ => alpha + (nf - 1.0) * s / beta,
     }
 }
 
 /// The cheapest algorithm `coll` has for this size.
-pub fn choose(coll: Collective, n: usize, bytes: usize, chunk: usize) -> Algorithm {
+pub fn choose(coll: Collective, n: usize, bytes: usize, chunk: usize, c: &Costs) -> Algorithm {
     coll.algorithms()
         .iter()
         .copied()
         .filter(|&a| a != Algorithm::Deterministic)
         .min_by(|&a, &b| {
-            predict(coll, a, n, bytes, chunk).total_cmp(&predict(coll, b, n, bytes, chunk))
+            predict(coll, a, n, bytes, chunk, c).total_cmp(&predict(coll, b, n, bytes, chunk, c))
         })
         .unwrap_or(Algorithm::Direct)
 }
@@ -54,15 +95,21 @@ mod tests {
     #[test]
     fn small_goes_direct_large_goes_ring() {
         let ar = Collective::AllReduce(RedOp::Sum);
-        assert_eq!(choose(ar, 4, 8, 1 << 19), Algorithm::Direct);
-        assert_eq!(choose(ar, 4, 32 << 20, 1 << 19), Algorithm::Ring);
-        assert_eq!(
-            choose(Collective::Broadcast(0), 4, 64 << 20, 1 << 19),
-            Algorithm::Ring
-        );
-        assert_eq!(
-            choose(Collective::AllToAll, 4, 1 << 20, 1 << 19),
-            Algorithm::Direct
-        );
+        for c in [Costs::TCP, Costs::SHM, Costs::of(false, 2.0)] {
+            assert_eq!(choose(ar, 4, 8, 1 << 19, &c), Algorithm::Direct);
+            assert_eq!(choose(ar, 4, 32 << 20, 1 << 19, &c), Algorithm::Ring);
+            assert_eq!(
+                choose(Collective::Broadcast(0), 4, 64 << 20, 1 << 19, &c),
+                Algorithm::Ring
+            );
+            assert_eq!(
+                choose(Collective::AllToAll, 4, 1 << 20, 1 << 19, &c),
+                Algorithm::Direct
+            );
+        }
+        // Shared memory with 4 ranks on 2 cores: measured crossover between 2 and 8 KiB.
+        let c = Costs::of(false, 2.0);
+        assert_eq!(choose(ar, 4, 2 << 10, 1 << 19, &c), Algorithm::Direct);
+        assert_eq!(choose(ar, 4, 8 << 10, 1 << 19, &c), Algorithm::Ring);
     }
 }

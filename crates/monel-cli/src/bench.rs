@@ -42,6 +42,10 @@ pub(crate) struct BenchArgs {
     /// Output format: table, csv or json.
     #[arg(long, default_value = "table")]
     format: String,
+    /// Instead of a fixed -n, time each size for about this many milliseconds (the count
+    /// comes from the warm-up calls, the same on every rank).
+    #[arg(short = 'T', long = "target_ms")]
+    target_ms: Option<f64>,
 }
 
 fn bytes(s: &str) -> anyhow::Result<usize> {
@@ -211,15 +215,28 @@ pub(crate) fn run(a: &BenchArgs) -> anyhow::Result<()> {
                 comm.collective(coll, t, count, io)
                     .map_err(|e| anyhow::anyhow!("{e}"))
             };
-            for _ in 0..a.warmup {
-                call(&mut comm, &mut out)?;
-            }
             comm.barrier().map_err(|e| anyhow::anyhow!("{e}"))?;
             let t0 = Instant::now();
-            for _ in 0..a.iters.max(1) {
+            for _ in 0..a.warmup.max(1) {
                 call(&mut comm, &mut out)?;
             }
-            let mut us = t0.elapsed().as_secs_f64() * 1e6 / a.iters.max(1) as f64;
+            let iters = match a.target_ms {
+                Some(ms) => {
+                    let per = t0.elapsed().as_secs_f64() / a.warmup.max(1) as f64;
+                    let mut k = (ms / 1e3 / per.max(1e-9)).clamp(3.0, 20000.0).to_le_bytes();
+                    // Every rank runs the same count: the largest estimate.
+                    comm.all_reduce_in_place(&mut k, 1, DataType::F64, RedOp::Max)
+                        .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    f64::from_le_bytes(k) as usize
+                }
+                None => a.iters.max(1),
+            };
+            comm.barrier().map_err(|e| anyhow::anyhow!("{e}"))?;
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                call(&mut comm, &mut out)?;
+            }
+            let mut us = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
             // The slowest rank's time, as nccl-tests reports.
             let mut b = us.to_le_bytes();
             comm.all_reduce_in_place(&mut b, 1, DataType::F64, RedOp::Max)

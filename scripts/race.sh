@@ -1,0 +1,147 @@
+#!/bin/bash
+# The race: Monel against Open MPI (MPI_Allreduce) and Gloo (torch.distributed, CPU) on the
+# same float32 AllReduce sizes and rank counts, in the same run, in interleaved rounds
+# (Monel, MPI, Gloo, Monel, ...), so the machine's drift hits all three alike. Each round
+# times every size for about TARGET_MS (slowest rank's mean per call); the table gives the
+# median over rounds and Monel's bus-bandwidth ratio to each. Monel out of place is compared
+# with MPI (separate buffers), Monel in place with Gloo (in place).
+#
+#   scripts/race.sh [--np "2 4"] [--rounds 5] [--min 8] [--max 32M] [--factor 8]
+#                   [--target-ms 100] [--netns]
+#
+# --netns runs the ranks in two network namespaces joined by a veth pair (half the ranks in
+# each): every tool then crosses a real network path (TCP for all three; inside a namespace
+# Monel still uses shared memory, as it would inside one host).
+#
+# Installs what it needs: Open MPI from apt, and torch in a venv ($MONEL_RACE_VENV, default
+# /tmp/monel-race-venv; the PyPI wheel pulls about 5 GB of CUDA libraries even for CPU use).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+nps="2 4" rounds=5 min=8 max=32M factor=8 target=100 netns=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --np) nps=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --min) min=$2; shift 2 ;;
+    --max) max=$2; shift 2 ;;
+    --factor) factor=$2; shift 2 ;;
+    --target-ms) target=$2; shift 2 ;;
+    --netns) netns=1; shift ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+bytes() { numfmt --from=iec "$1"; }
+min=$(bytes "$min") max=$(bytes "$max")
+
+venv=${MONEL_RACE_VENV:-/tmp/monel-race-venv}
+if ! command -v mpicc > /dev/null; then
+  echo "# installing Open MPI" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q openmpi-bin libopenmpi-dev > /dev/null
+fi
+if ! "$venv/bin/python" -c "import torch" 2> /dev/null; then
+  echo "# installing torch into $venv" >&2
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q torch numpy
+fi
+
+work=$(mktemp -d /tmp/monel-race.XXXXXX)
+trap 'rm -rf "$work"; [ "$netns" = 1 ] && cleanup_ns' EXIT
+cargo build --release -q -p monel-cli
+M=$PWD/target/release/monel
+mpicc -O2 -o "$work/mpi_allreduce" bench/race/mpi_allreduce.c
+args="$min $max $factor $target"
+mpi_common="--allow-run-as-root --oversubscribe --bind-to none"
+
+NS_A=monel_race_a NS_B=monel_race_b IP_A=10.213.55.1 IP_B=10.213.55.2
+cleanup_ns() {
+  ip netns del $NS_A 2> /dev/null || true
+  ip netns del $NS_B 2> /dev/null || true
+}
+if [ "$netns" = 1 ]; then
+  cleanup_ns
+  ip netns add $NS_A
+  ip netns add $NS_B
+  ip link add mrace_a type veth peer name mrace_b
+  ip link set mrace_a netns $NS_A
+  ip link set mrace_b netns $NS_B
+  ip -n $NS_A addr add $IP_A/24 dev mrace_a
+  ip -n $NS_B addr add $IP_B/24 dev mrace_b
+  for ns in $NS_A $NS_B; do
+    ip -n $ns link set lo up
+  done
+  ip -n $NS_A link set mrace_a mtu 9000 up
+  ip -n $NS_B link set mrace_b mtu 9000 up
+fi
+
+port=29600
+# Runs CMD as `np` ranks with torchrun's variables: all on loopback, or half per namespace.
+ranks() { # np cmd...
+  local np=$1; shift
+  port=$((port + 1))
+  if [ "$netns" = 0 ]; then
+    "$M" launch -n "$np" --port $port -- "$@"
+    return
+  fi
+  local pids=() r ns rc=0
+  for r in $(seq 0 $((np - 1))); do
+    if [ $r -lt $((np / 2)) ]; then ns=$NS_A; else ns=$NS_B; fi
+    ip netns exec $ns env MASTER_ADDR=$IP_A MASTER_PORT=$port RANK=$r WORLD_SIZE=$np \
+      LOCAL_RANK=$r GLOO_SOCKET_IFNAME=$([ $ns = $NS_A ] && echo mrace_a || echo mrace_b) \
+      "$@" &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  return $rc
+}
+
+run_monel() { # np round
+  ranks "$1" "$M" bench all_reduce -b "$min" -e "$max" -f "$factor" -T "$target" -w 3 -c 1 \
+    --format csv | grep -E '^[0-9]' | awk -F, -v np="$1" '{print "monel_oop", np, $1, $6; print "monel_ip", np, $1, $10}'
+}
+run_mpi() {
+  if [ "$netns" = 0 ]; then
+    mpirun $mpi_common --mca oob_tcp_if_include lo -np "$1" "$work/mpi_allreduce" $args
+  else
+    local half=$(($1 / 2))
+    mpirun $mpi_common --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include mrace_a,mrace_b \
+      -np $half ip netns exec $NS_A "$work/mpi_allreduce" $args : \
+      -np $(($1 - half)) ip netns exec $NS_B "$work/mpi_allreduce" $args
+  fi | awk -v np="$1" '{print "mpi", np, $1, $2}'
+}
+run_gloo() {
+  GLOO_SOCKET_IFNAME=lo ranks "$1" "$venv/bin/python" bench/race/gloo_allreduce.py $args |
+    awk -v np="$1" '{print "gloo", np, $1, $2}'
+}
+
+for np in $nps; do
+  for r in $(seq "$rounds"); do
+    echo "# np $np round $r/$rounds" >&2
+    run_monel "$np" >> "$work/all"
+    run_mpi "$np" >> "$work/all"
+    run_gloo "$np" >> "$work/all"
+  done
+done
+
+python3 - "$work/all" "$netns" << 'EOF'
+import collections, statistics, sys
+t = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    tool, np, size, us = line.split()
+    t[(tool, int(np), int(size))].append(float(us))
+med = {k: statistics.median(v) for k, v in t.items()}
+def busbw(np, size, us):
+    return size * 2 * (np - 1) / np / us / 1e3
+where = "two network namespaces (veth)" if sys.argv[2] == "1" else "one host (loopback, shared memory)"
+print(f"# float32 AllReduce, {where}; medians of {len(next(iter(t.values())))} interleaved rounds")
+print("| ranks | size | Monel oop us | Monel in-place us | Open MPI us | Gloo us | Monel busbw GB/s | Open MPI busbw | Gloo busbw | Monel / MPI | Monel / Gloo |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for (np, size) in sorted({(k[1], k[2]) for k in med}):
+    g = lambda tool: med.get((tool, np, size))
+    mo, mi, mp, gl = g("monel_oop"), g("monel_ip"), g("mpi"), g("gloo")
+    f = lambda x: "-" if x is None else (f"{x:.2f}" if x < 100 else f"{x:.0f}")
+    bw = lambda x: "-" if x is None else f"{busbw(np, size, x):.3f}"
+    r = lambda a, b: "-" if a is None or b is None else f"{b / a:.2f}x"
+    human = f"{size >> 20} MiB" if size >= 1 << 20 else (f"{size >> 10} KiB" if size >= 1024 else f"{size} B")
+    print(f"| {np} | {human} | {f(mo)} | {f(mi)} | {f(mp)} | {f(gl)} | {bw(mo)} | {bw(mp)} | {bw(gl)} | {r(mo, mp)} | {r(mi, gl)} |")
+EOF
