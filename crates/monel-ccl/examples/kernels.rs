@@ -7,6 +7,9 @@ use std::time::Instant;
 use monel_ccl::reduce::{reduce_into, reduce_to};
 use monel_ccl::{DataType, RedOp};
 
+/// A named kernel writing its output into the buffer it is given.
+type Kernel<'a> = (&'a str, &'a dyn Fn(&mut [u8]));
+
 fn main() {
     let n: usize = std::env::args()
         .nth(1)
@@ -16,7 +19,7 @@ fn main() {
     let y: Vec<u8> = (0..n).map(|i| (i % 241) as u8 & 0x3f).collect();
     let mut out = vec![1u8; n];
     let (t, op) = (DataType::F32, RedOp::Sum);
-    let kernels: [(&str, &dyn Fn(&mut [u8])); 3] = [
+    let kernels: [Kernel<'_>; 3] = [
         ("memcpy", &|o| o.copy_from_slice(&x)),
         ("reduce_into (o += x)", &|o| reduce_into(o, &x, t, op)),
         ("reduce_to (o = x + y)", &|o| reduce_to(o, &x, &y, t, op)),
