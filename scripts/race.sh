@@ -10,8 +10,9 @@
 #                   [--target-ms 100] [--netns]
 #
 # --netns runs the ranks in two network namespaces joined by a veth pair (half the ranks in
-# each): every tool then crosses a real network path (TCP for all three; inside a namespace
-# Monel still uses shared memory, as it would inside one host).
+# each), and every tool is held to the network: Monel with MONEL_TRANSPORT=tcp (namespaces
+# share /dev/shm, so it would otherwise find shared memory between them), Open MPI with the
+# tcp BTL only, Gloo over the veth.
 #
 # Installs what it needs: Open MPI from apt, and torch in a venv ($MONEL_RACE_VENV, default
 # /tmp/monel-race-venv; the PyPI wheel pulls about 5 GB of CUDA libraries even for CPU use).
@@ -86,7 +87,7 @@ ranks() { # np cmd...
   local pids=() r ns rc=0
   for r in $(seq 0 $((np - 1))); do
     if [ $r -lt $((np / 2)) ]; then ns=$NS_A; else ns=$NS_B; fi
-    ip netns exec $ns env MASTER_ADDR=$IP_A MASTER_PORT=$port RANK=$r WORLD_SIZE=$np \
+    ip netns exec $ns env MONEL_TRANSPORT=tcp MASTER_ADDR=$IP_A MASTER_PORT=$port RANK=$r WORLD_SIZE=$np \
       LOCAL_RANK=$r GLOO_SOCKET_IFNAME=$([ $ns = $NS_A ] && echo mrace_a || echo mrace_b) \
       "$@" &
     pids+=($!)
@@ -103,9 +104,12 @@ run_mpi() {
   if [ "$netns" = 0 ]; then
     mpirun $mpi_common --mca oob_tcp_if_include lo -np "$1" "$work/mpi_allreduce" $args
   else
+    # mpirun (and its PMIx server) in namespace A, reached over the veth from B.
     local half=$(($1 / 2))
-    mpirun $mpi_common --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include mrace_a,mrace_b \
-      -np $half ip netns exec $NS_A "$work/mpi_allreduce" $args : \
+    PMIX_MCA_ptl_tcp_if_include=mrace_a OMPI_MCA_oob_tcp_if_include=mrace_a \
+      ip netns exec $NS_A mpirun $mpi_common --mca pml ob1 --mca btl tcp,self \
+      --mca btl_tcp_if_include 10.213.55.0/24 -x PMIX_MCA_ptl_tcp_if_include=mrace_a \
+      -np $half "$work/mpi_allreduce" $args : \
       -np $(($1 - half)) ip netns exec $NS_B "$work/mpi_allreduce" $args
   fi | awk -v np="$1" '{print "mpi", np, $1, $2}'
 }

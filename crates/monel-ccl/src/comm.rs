@@ -346,10 +346,24 @@ impl Communicator {
             )));
         }
         let deadline = Instant::now() + cfg.timeout;
-        // Listen where the root is reachable from: the same local address.
-        let local_ip = match TcpStream::connect_timeout(&id.root, Duration::from_secs(1)) {
-            Ok(s) => s.local_addr().map(|a| a.ip()).unwrap_or(id.root.ip()),
-            Err(_) => id.root.ip(),
+        // Listen on the local address the root is reached from (the root may not be up
+        // yet: retry until the deadline).
+        let local_ip = loop {
+            match TcpStream::connect_timeout(&id.root, Duration::from_secs(1)) {
+                Ok(s) => {
+                    break s
+                        .local_addr()
+                        .map_err(|e| CclError::io("rendezvous socket", e))?
+                        .ip();
+                }
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(CclError::io(
+                        format!("rank {rank}: cannot reach the rendezvous at {}", id.root),
+                        e,
+                    ));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
         };
         let listener =
             TcpListener::bind((local_ip, 0)).map_err(|e| CclError::io("bind data listener", e))?;

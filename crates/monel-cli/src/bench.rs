@@ -62,7 +62,7 @@ fn bytes(s: &str) -> anyhow::Result<usize> {
         * mul)
 }
 
-fn encode(t: DataType, x: i64) -> Vec<u8> {
+pub(crate) fn encode(t: DataType, x: i64) -> Vec<u8> {
     match t {
         DataType::I8 | DataType::U8 => vec![x as u8],
         DataType::I32 | DataType::U32 => (x as u32).to_le_bytes().to_vec(),
@@ -81,7 +81,7 @@ fn encode(t: DataType, x: i64) -> Vec<u8> {
 }
 
 /// Rank r's element i: small integers, exact in every type and order.
-fn val(r: usize, i: usize) -> i64 {
+pub(crate) fn val(r: usize, i: usize) -> i64 {
     ((r * 3 + i) % 5) as i64
 }
 
@@ -342,7 +342,7 @@ fn wrong_str(w: i64, check: usize) -> String {
 }
 
 /// Elements of `out` that differ from what `coll` must produce on rank `r`.
-fn count_wrong(
+pub(crate) fn count_wrong(
     coll: Collective,
     t: DataType,
     op: RedOp,

@@ -22,27 +22,44 @@ pub(crate) struct LaunchArgs {
 }
 
 pub(crate) fn run(a: &LaunchArgs) -> anyhow::Result<()> {
-    if a.nranks == 0 {
+    let code = spawn_ranks(a.nranks, a.port, &a.cmd, &|_| Vec::new())?;
+    if code != 0 {
+        std::process::exit(code);
+    }
+    Ok(())
+}
+
+/// Runs `nranks` local ranks of `cmd` with torchrun's variables plus `extra(rank)`; when a
+/// rank fails, the others get a moment to report, then are stopped. Returns the first
+/// failure's exit status (0 if none).
+pub(crate) fn spawn_ranks(
+    nranks: usize,
+    port: Option<u16>,
+    cmd: &[String],
+    extra: &dyn Fn(usize) -> Vec<(String, String)>,
+) -> anyhow::Result<i32> {
+    if nranks == 0 {
         bail!("-n must be at least 1");
     }
-    let port = match a.port {
+    let port = match port {
         Some(p) => p,
         None => std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port(),
     };
     let mut kids: Vec<Child> = Vec::new();
-    for r in 0..a.nranks {
-        let c = Command::new(&a.cmd[0])
-            .args(&a.cmd[1..])
+    for r in 0..nranks {
+        let c = Command::new(&cmd[0])
+            .args(&cmd[1..])
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
             .env("RANK", r.to_string())
-            .env("WORLD_SIZE", a.nranks.to_string())
+            .env("WORLD_SIZE", nranks.to_string())
             .env("LOCAL_RANK", r.to_string())
-            .env("LOCAL_WORLD_SIZE", a.nranks.to_string())
+            .env("LOCAL_WORLD_SIZE", nranks.to_string())
+            .envs(extra(r))
             .spawn()
-            .with_context(|| format!("start rank {r}: {}", a.cmd[0]))?;
+            .with_context(|| format!("start rank {r}: {}", cmd[0]))?;
         kids.push(c);
     }
     let mut status: Vec<Option<i32>> = vec![None; kids.len()];
@@ -74,8 +91,10 @@ pub(crate) fn run(a: &LaunchArgs) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    match status.iter().flatten().find(|&&c| c != 0) {
-        Some(&c) => std::process::exit(c),
-        None => Ok(()),
-    }
+    Ok(status
+        .iter()
+        .flatten()
+        .copied()
+        .find(|&c| c != 0)
+        .unwrap_or(0))
 }

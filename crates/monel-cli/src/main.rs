@@ -2,6 +2,7 @@
 
 mod bench;
 mod connect;
+mod demo;
 mod devices;
 mod dump;
 mod launch;
@@ -23,6 +24,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
+    /// Monel's main job: N local ranks on simulated hosts, every collective verified through
+    /// the full stack, the path each pair took, and an AllReduce sweep.
+    Demo(demo::DemoArgs),
     /// Run the RC engine over the simulated lossy network and print a loss-sweep table.
     Sim(sim::SimArgs),
     /// Decode the RoCEv2 packets of a pcap file and check every ICRC.
@@ -48,6 +52,7 @@ enum Cmd {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
+        Cmd::Demo(a) => demo::run(&a),
         Cmd::Sim(a) => sim::run(&a),
         Cmd::Dump(a) => dump::run(&a),
         Cmd::Devices(a) => devices::run(&a),

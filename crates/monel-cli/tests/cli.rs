@@ -307,3 +307,39 @@ fn launch_reports_a_failed_rank() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown data type"));
 }
+
+/// The main job: three ranks on two simulated hosts, so both shared memory and the network
+/// path carry traffic; every collective verified, the paths printed, the sweep run.
+#[test]
+fn demo_verifies_every_collective_over_both_paths() {
+    let out = Command::new(env!("CARGO_BIN_EXE_monel"))
+        .args(["demo", "-n", "3", "--hosts", "2", "--max-bytes", "2048"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("rank 0 -> 1 via SHM"), "{text}");
+    assert!(text.contains("rank 0 -> 2 via TCP"), "{text}");
+    for op in [
+        "all_reduce",
+        "broadcast",
+        "reduce ",
+        "all_gather",
+        "reduce_scatter",
+        "alltoall",
+        "gather",
+        "scatter",
+        "barrier",
+    ] {
+        assert!(text.contains(op), "{op} missing:\n{text}");
+    }
+    assert!(!text.contains("WRONG"), "{text}");
+    assert!(
+        text.contains("all results verified on every rank"),
+        "{text}"
+    );
+}
