@@ -427,10 +427,11 @@ impl Communicator {
         }
         // Ranks sharing this host's cores: more of them than cores, and spinning ranks
         // must hand the core over at every idle round.
-        let local = 1 + paths.iter().filter(|p| p.contains(" via SHM")).count();
+        let kinds = || links.iter().flatten().map(|l| l.kind());
+        let local = 1 + kinds().filter(|&k| k == "SHM").count();
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let yield_every = if local > cores { 1 } else { 64 };
-        let tcp = paths.iter().any(|p| p.contains(" via TCP"));
+        let tcp = kinds().any(|k| k == "TCP");
         let costs = tune::Costs::of(tcp, local as f64 / cores as f64);
         status.lock().unwrap_or_else(PoisonError::into_inner).state = "idle";
         Ok(Self {

@@ -239,11 +239,8 @@ impl RecvSt {
                                 let take = avail.len().min(self.frame_left).min(RING_PIECE);
                                 let whole = take - take % es;
                                 if whole > 0 {
-                                    let a = self.piece(acc, self.got, whole, es);
-                                    let d = self.piece(self.dst, self.got, whole, es);
-                                    bufs.land_onto(a, d, &avail[..whole])?;
+                                    self.land(bufs, acc, &avail[..whole], es)?;
                                     shm.consume(whole);
-                                    self.got += whole;
                                     direct = whole;
                                 }
                             }
@@ -533,41 +530,31 @@ pub(crate) fn run(
         let mut idle_since: Option<Instant> = None;
         let mut round = 0u32;
         loop {
-            // One send and one receive in flight per peer, in posting order (bit 1: a send
-            // of this peer's was driven, bit 2: a receive; both mean "pending" below).
+            // One send and one receive in flight per peer, in posting order. `driven[p]`
+            // ends the pass with bit 1 set if a send to p is still pending, bit 2 a receive.
             let mut progress = false;
             driven.fill(0);
             for s in sends.iter_mut().filter(|s| !s.done) {
                 if driven[s.peer] & 1 != 0 {
                     continue;
                 }
-                driven[s.peer] |= 1;
                 progress |= s.drive(ctx, bufs)?;
                 ctx.links.mid_frame[s.peer] = s.in_frame || s.hdr_sent > 0;
-                if s.done {
-                    driven[s.peer] &= !1;
+                if !s.done {
+                    driven[s.peer] |= 1;
                 }
             }
             for r in recvs.iter_mut().filter(|r| !r.done) {
                 if driven[r.peer] & 2 != 0 {
                     continue;
                 }
-                driven[r.peer] |= 2;
                 progress |= r.drive(ctx, bufs, &mut stages[r.peer])?;
-                if r.done {
-                    driven[r.peer] &= !2;
+                if !r.done {
+                    driven[r.peer] |= 2;
                 }
             }
-            if sends.iter().all(|s| s.done) && recvs.iter().all(|r| r.done) {
+            if driven.iter().all(|&d| d == 0) {
                 break;
-            }
-            // Recompute what is pending (a peer's later operation may still wait).
-            driven.fill(0);
-            for s in sends.iter().filter(|s| !s.done) {
-                driven[s.peer] |= 1;
-            }
-            for r in recvs.iter().filter(|r| !r.done) {
-                driven[r.peer] |= 2;
             }
             if progress {
                 idle_since = None;

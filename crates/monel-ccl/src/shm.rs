@@ -265,7 +265,8 @@ impl ShmLink {
         Ok(self.tx.cap - (self.tx.pos - self.tx.seen) as usize)
     }
 
-    fn consumed(&mut self, n: usize) {
+    /// Releases `n` read bytes ([`Self::readable`]'s or copied out) to the writer.
+    pub fn consume(&mut self, n: usize) {
         self.rx.pos += n as u64;
         let c = self.rx.ctrl();
         c.tail.0.store(self.rx.pos, Ordering::SeqCst);
@@ -285,11 +286,6 @@ impl ShmLink {
             return Err(gone());
         }
         Ok(self.rx.contiguous(n))
-    }
-
-    /// Releases `n` bytes [`Self::readable`] returned.
-    pub fn consume(&mut self, n: usize) {
-        self.consumed(n);
     }
 }
 
@@ -351,7 +347,7 @@ impl Link for ShmLink {
                 break;
             }
             self.rx.get(self.rx.pos, &mut buf[done..done + n]);
-            self.consumed(n);
+            self.consume(n);
             done += n;
         }
         if done == 0 && !buf.is_empty() && self.peer_gone {
@@ -495,7 +491,6 @@ const DECLINE: u8 = 0;
 
 /// A segment this rank created and offered.
 struct Offered {
-    file: File,
     path: PathBuf,
     seg: Segment,
     nonce: [u8; 16],
@@ -525,12 +520,7 @@ fn create(dir: &Path, cap: usize) -> io::Result<Offered> {
         Ok::<_, io::Error>(seg)
     })();
     match made {
-        Ok(seg) => Ok(Offered {
-            file,
-            path,
-            seg,
-            nonce,
-        }),
+        Ok(seg) => Ok(Offered { path, seg, nonce }),
         Err(e) => {
             let _ = std::fs::remove_file(&path);
             Err(e)
@@ -665,10 +655,7 @@ pub fn upgrade(
         let (kind, f) = reply?;
         s.set_read_timeout(None)?;
         out[j] = Some(match (o, kind) {
-            (Ok(o), ACCEPT) => {
-                drop(o.file);
-                Upgrade::Shm(ShmLink::new(o.seg, cap, true, s)?)
-            }
+            (Ok(o), ACCEPT) => Upgrade::Shm(ShmLink::new(o.seg, cap, true, s)?),
             (Ok(_), _) => Upgrade::Tcp(
                 s,
                 format!(

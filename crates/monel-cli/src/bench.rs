@@ -94,6 +94,43 @@ struct Row {
     wrong: [i64; 2],
 }
 
+/// Times `call`: `warmup` calls (at least one), then `iters` calls or, with `target_ms`, as
+/// many as the warm-up says fit in that time (the same count on every rank). Returns the
+/// slowest rank's mean microseconds per call, as nccl-tests reports.
+pub(crate) fn time_calls(
+    comm: &mut Communicator,
+    warmup: usize,
+    iters: usize,
+    target_ms: Option<f64>,
+    call: &mut dyn FnMut(&mut Communicator) -> anyhow::Result<()>,
+) -> anyhow::Result<f64> {
+    let ccl = |e: monel_ccl::CclError| anyhow::anyhow!("{e}");
+    let max_of = |comm: &mut Communicator, x: f64| -> anyhow::Result<f64> {
+        let mut b = x.to_le_bytes();
+        comm.all_reduce_in_place(&mut b, 1, DataType::F64, RedOp::Max)
+            .map_err(ccl)?;
+        Ok(f64::from_le_bytes(b))
+    };
+    comm.barrier().map_err(ccl)?;
+    let t0 = Instant::now();
+    for _ in 0..warmup.max(1) {
+        call(comm)?;
+    }
+    let iters = match target_ms {
+        Some(ms) => {
+            let per = t0.elapsed().as_secs_f64() / warmup.max(1) as f64;
+            max_of(comm, (ms / 1e3 / per.max(1e-9)).clamp(3.0, 20000.0))? as usize
+        }
+        None => iters.max(1),
+    };
+    comm.barrier().map_err(ccl)?;
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        call(comm)?;
+    }
+    max_of(comm, t0.elapsed().as_secs_f64() * 1e6 / iters as f64)
+}
+
 pub(crate) fn run(a: &BenchArgs) -> anyhow::Result<()> {
     let t =
         DataType::parse(&a.dtype).with_context(|| format!("unknown data type {:?}", a.dtype))?;
@@ -215,33 +252,9 @@ pub(crate) fn run(a: &BenchArgs) -> anyhow::Result<()> {
                 comm.collective(coll, t, count, io)
                     .map_err(|e| anyhow::anyhow!("{e}"))
             };
-            comm.barrier().map_err(|e| anyhow::anyhow!("{e}"))?;
-            let t0 = Instant::now();
-            for _ in 0..a.warmup.max(1) {
-                call(&mut comm, &mut out)?;
-            }
-            let iters = match a.target_ms {
-                Some(ms) => {
-                    let per = t0.elapsed().as_secs_f64() / a.warmup.max(1) as f64;
-                    let mut k = (ms / 1e3 / per.max(1e-9)).clamp(3.0, 20000.0).to_le_bytes();
-                    // Every rank runs the same count: the largest estimate.
-                    comm.all_reduce_in_place(&mut k, 1, DataType::F64, RedOp::Max)
-                        .map_err(|e| anyhow::anyhow!("{e}"))?;
-                    f64::from_le_bytes(k) as usize
-                }
-                None => a.iters.max(1),
-            };
-            comm.barrier().map_err(|e| anyhow::anyhow!("{e}"))?;
-            let t0 = Instant::now();
-            for _ in 0..iters {
-                call(&mut comm, &mut out)?;
-            }
-            let mut us = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
-            // The slowest rank's time, as nccl-tests reports.
-            let mut b = us.to_le_bytes();
-            comm.all_reduce_in_place(&mut b, 1, DataType::F64, RedOp::Max)
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            us = f64::from_le_bytes(b);
+            let us = time_calls(&mut comm, a.warmup, a.iters, a.target_ms, &mut |c| {
+                call(c, &mut out)
+            })?;
             row.time_us[k] = us;
             row.algbw[k] = row.size as f64 / us / 1e3;
             row.busbw[k] = row.algbw[k] * factor;

@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use monel_ccl::{Collective, Communicator, DataType, Io, RedOp};
 
-use crate::bench::{count_wrong, encode, val};
+use crate::bench::{count_wrong, encode, time_calls, val};
 use crate::launch;
 
 /// Arguments.
@@ -208,29 +208,10 @@ fn worker(a: &DemoArgs) -> anyhow::Result<()> {
             .flat_map(|i| encode(DataType::F32, val(r, i)))
             .collect();
         let mut out = vec![0u8; size];
-        let mut call = |comm: &mut Communicator| {
-            comm.all_reduce(&input, &mut out, count, DataType::F32, RedOp::Sum)
+        let us = time_calls(&mut comm, 3, 0, Some(50.0), &mut |c| {
+            c.all_reduce(&input, &mut out, count, DataType::F32, RedOp::Sum)
                 .map_err(ccl)
-        };
-        comm.barrier().map_err(ccl)?;
-        let t0 = Instant::now();
-        for _ in 0..3 {
-            call(&mut comm)?;
-        }
-        let per = t0.elapsed().as_secs_f64() / 3.0;
-        let mut k = (0.05 / per.max(1e-9)).clamp(3.0, 20000.0).to_le_bytes();
-        comm.all_reduce_in_place(&mut k, 1, DataType::F64, RedOp::Max)
-            .map_err(ccl)?;
-        let iters = f64::from_le_bytes(k) as usize;
-        comm.barrier().map_err(ccl)?;
-        let t0 = Instant::now();
-        for _ in 0..iters {
-            call(&mut comm)?;
-        }
-        let mut us = (t0.elapsed().as_secs_f64() * 1e6 / iters as f64).to_le_bytes();
-        comm.all_reduce_in_place(&mut us, 1, DataType::F64, RedOp::Max)
-            .map_err(ccl)?;
-        let us = f64::from_le_bytes(us);
+        })?;
         let wrong = count_wrong(coll, DataType::F32, RedOp::Sum, n, r, count, &out);
         failed |= wrong > 0;
         if r == 0 {
