@@ -17,6 +17,7 @@ use crate::exec::{self, Ctx, Links, Name, Pool};
 use crate::link::{Link, Signature, TcpLink};
 use crate::plan::{self, Algorithm, Collective};
 use crate::schedule::Schedule;
+use crate::rdma::{self, RdmaConfig, Via};
 use crate::shm::{ShmConfig, Upgrade, upgrade};
 use crate::tune;
 
@@ -41,14 +42,18 @@ pub struct CommConfig {
     /// Shared-memory ring size per direction (`MONEL_SHM_RING`, bytes) and this rank's host
     /// identity (`MONEL_HOST`: ranks naming different hosts never share memory).
     pub shm: ShmConfig,
+    /// The soft RNIC for pairs on different hosts (`MONEL_RDMA_DEV`, `MONEL_RDMA_RING`).
+    pub rdma: RdmaConfig,
 }
 
 /// Which transports pairs may use. Each pair takes the best allowed one that works:
-/// shared memory, then TCP.
+/// shared memory, then the soft RNIC (RoCEv2), then TCP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transports {
     /// Shared memory (same host).
     pub shm: bool,
+    /// The soft RNIC: RDMA WRITE with immediate over RoCEv2 (any two hosts).
+    pub rdma: bool,
     /// TCP (any two hosts; the fallback).
     pub tcp: bool,
 }
@@ -57,13 +62,14 @@ impl Default for Transports {
     fn default() -> Self {
         Self {
             shm: true,
+            rdma: true,
             tcp: true,
         }
     }
 }
 
 impl Transports {
-    /// `shm,tcp` (only these) or `^shm` (all but these).
+    /// `shm,rdma,tcp` (only these) or `^shm` (all but these); `roce` names `rdma` too.
     pub fn parse(v: &str) -> Option<Self> {
         let (negate, list) = match v.strip_prefix('^') {
             Some(rest) => (true, rest),
@@ -71,11 +77,13 @@ impl Transports {
         };
         let mut named = Self {
             shm: false,
+            rdma: false,
             tcp: false,
         };
         for t in list.split(',').map(str::trim).filter(|t| !t.is_empty()) {
             match t.to_ascii_lowercase().as_str() {
                 "shm" => named.shm = true,
+                "rdma" | "roce" => named.rdma = true,
                 "tcp" => named.tcp = true,
                 _ => return None,
             }
@@ -83,6 +91,7 @@ impl Transports {
         Some(if negate {
             Self {
                 shm: !named.shm,
+                rdma: !named.rdma,
                 tcp: !named.tcp,
             }
         } else {
@@ -102,6 +111,7 @@ impl Default for CommConfig {
             transports: Transports::default(),
             spin: Duration::from_micros(50),
             shm: ShmConfig::default(),
+            rdma: RdmaConfig::default(),
         }
     }
 }
@@ -142,10 +152,10 @@ impl CommConfig {
         }
         if let Some(v) = env("MONEL_TRANSPORT") {
             c.transports = Transports::parse(&v)
-                .filter(|t| t.shm || t.tcp)
+                .filter(|t| t.shm || t.rdma || t.tcp)
                 .ok_or_else(|| {
                     CclError::invalid(format!(
-                        "MONEL_TRANSPORT={v:?}: want a list of shm, tcp (or ^ and the ones to leave out)"
+                        "MONEL_TRANSPORT={v:?}: want a list of shm, rdma, tcp (or ^ and the ones to leave out)"
                     ))
                 })?;
         }
@@ -167,6 +177,18 @@ impl CommConfig {
                 })?;
         }
         c.shm.host = env("MONEL_HOST").filter(|h| !h.is_empty());
+        c.rdma.device = env("MONEL_RDMA_DEV").filter(|d| !d.is_empty());
+        if let Some(v) = env("MONEL_RDMA_RING") {
+            c.rdma.ring = v
+                .parse()
+                .ok()
+                .filter(|&n: &usize| (4096..=1 << 30).contains(&n))
+                .ok_or_else(|| {
+                    CclError::invalid(format!(
+                        "MONEL_RDMA_RING={v:?}: want bytes from 4096 to 2^30"
+                    ))
+                })?;
+        }
         if let Some(v) = env("MONEL_DEBUG") {
             c.debug = v.eq_ignore_ascii_case("INFO") || v.eq_ignore_ascii_case("TRACE");
         }
@@ -390,36 +412,62 @@ impl Communicator {
         shm_cfg.enabled &= cfg.transports.shm;
         let ups = upgrade(streams, rank, &shm_cfg, deadline)
             .map_err(|e| CclError::io("shared-memory handshake", e))?;
-        let mut links: Vec<Option<Box<dyn Link>>> = Vec::with_capacity(nranks);
-        let mut paths = Vec::new();
+        // Pairs shared memory did not take try the soft RNIC, then stay on TCP.
+        let mut links: Vec<Option<Box<dyn Link>>> = (0..nranks).map(|_| None).collect();
+        let mut paths = vec![String::new(); nranks];
+        let mut rest: Vec<Option<TcpStream>> = (0..nranks).map(|_| None).collect();
+        let mut not_shm: Vec<String> = vec![String::new(); nranks];
         for (j, u) in ups.into_iter().enumerate() {
             match u {
                 Some(Upgrade::Shm(l)) => {
-                    links.push(Some(Box::new(l)));
-                    paths.push(format!(
+                    links[j] = Some(Box::new(l));
+                    paths[j] = format!(
                         "rank {rank} -> {j} via SHM (same host: {} KiB rings in {})",
                         shm_cfg.ring.next_power_of_two() >> 10,
                         shm_cfg.dir.display()
-                    ));
+                    );
                 }
                 Some(Upgrade::Tcp(s, why)) => {
-                    if !cfg.transports.tcp {
-                        return Err(CclError::bootstrap(format!(
-                            "rank {rank} -> {j}: MONEL_TRANSPORT forbids TCP, and shared memory is out: {why}"
-                        )));
-                    }
-                    links.push(Some(Box::new(
-                        TcpLink::new(s).map_err(|e| CclError::io("link", e))?,
-                    )));
-                    paths.push(format!(
-                        "rank {rank} -> {j} via TCP {} -> {} (not SHM: {why}; no RDMA transport in this build)",
-                        mine.data.ip(),
-                        table[j].data
-                    ));
+                    rest[j] = Some(s);
+                    not_shm[j] = why;
                 }
-                None => links.push(None),
+                None => {}
             }
         }
+        let mut rdma_cfg = cfg.rdma.clone();
+        rdma_cfg.enabled &= cfg.transports.rdma;
+        let vias = rdma::upgrade(rest, local_ip, &rdma_cfg, deadline)
+            .map_err(|e| CclError::io("soft-RNIC handshake", e))?;
+        for (j, v) in vias.into_iter().enumerate() {
+            match v {
+                Some(Via::Rdma(l, desc)) => {
+                    links[j] = Some(l);
+                    paths[j] = format!(
+                        "rank {rank} -> {j} via RoCE soft-RNIC {desc} (not SHM: {})",
+                        not_shm[j]
+                    );
+                }
+                Some(Via::Tcp(s, why)) => {
+                    if !cfg.transports.tcp {
+                        return Err(CclError::bootstrap(format!(
+                            "rank {rank} -> {j}: MONEL_TRANSPORT forbids TCP; not SHM: {}; not RDMA: {why}",
+                            not_shm[j]
+                        )));
+                    }
+                    links[j] = Some(Box::new(
+                        TcpLink::new(s).map_err(|e| CclError::io("link", e))?,
+                    ));
+                    paths[j] = format!(
+                        "rank {rank} -> {j} via TCP {} -> {} (not SHM: {}; not RDMA: {why})",
+                        mine.data.ip(),
+                        table[j].data,
+                        not_shm[j]
+                    );
+                }
+                None => {}
+            }
+        }
+        paths.retain(|p| !p.is_empty());
         if cfg.debug {
             for p in &paths {
                 eprintln!("monel INFO {p}");
@@ -431,8 +479,7 @@ impl Communicator {
         let local = 1 + kinds().filter(|&k| k == "SHM").count();
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let yield_every = if local > cores { 1 } else { 64 };
-        let tcp = kinds().any(|k| k == "TCP");
-        let costs = tune::Costs::of(tcp, local as f64 / cores as f64);
+        let costs = tune::Costs::of(kinds(), local as f64 / cores as f64);
         status.lock().unwrap_or_else(PoisonError::into_inner).state = "idle";
         Ok(Self {
             rank,

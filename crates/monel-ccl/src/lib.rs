@@ -23,6 +23,7 @@ pub mod link;
 pub mod plan;
 pub mod reduce;
 pub mod schedule;
+pub mod rdma;
 pub mod shm;
 pub mod sim;
 pub mod tune;

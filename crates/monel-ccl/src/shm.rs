@@ -448,7 +448,7 @@ pub enum Upgrade {
     Tcp(TcpStream, String),
 }
 
-fn send_msg(s: &mut TcpStream, kind: u8, fields: &[&[u8]]) -> io::Result<()> {
+pub(crate) fn send_msg(s: &mut TcpStream, kind: u8, fields: &[&[u8]]) -> io::Result<()> {
     let mut m = MAGIC_OFFER.to_vec();
     m.push(kind);
     for f in fields {
@@ -460,7 +460,7 @@ fn send_msg(s: &mut TcpStream, kind: u8, fields: &[&[u8]]) -> io::Result<()> {
 }
 
 /// Reads one message: its kind and fields.
-fn recv_msg(s: &mut TcpStream) -> io::Result<(u8, Vec<Vec<u8>>)> {
+pub(crate) fn recv_msg(s: &mut TcpStream) -> io::Result<(u8, Vec<Vec<u8>>)> {
     let mut h = [0u8; 5];
     s.read_exact(&mut h)?;
     if &h[..4] != MAGIC_OFFER {

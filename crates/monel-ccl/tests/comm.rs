@@ -1,5 +1,5 @@
-//! Communicators over real transports, one thread per rank: shared memory, TCP on loopback,
-//! and a mix (ranks that claim different hosts). Every collective against a reference, and
+//! Communicators over real transports, one thread per rank: shared memory, the soft RNIC
+//! (RoCEv2 on loopback), TCP on loopback, and a mix (ranks that claim different hosts). Every collective against a reference, and
 //! the failure cases (mismatch, a missing rank, a departed rank, bad arguments, a wrong
 //! unique id) each end with a clear error on every rank, never a hang.
 
@@ -22,14 +22,24 @@ fn to_f32(b: &[u8]) -> Vec<f32> {
 enum Mode {
     /// Shared memory between every pair, with rings of this many bytes.
     Shm(usize),
+    /// The soft RNIC only (`MONEL_TRANSPORT=rdma`), with receive rings of this many bytes.
+    Rdma(usize),
     /// TCP only (`MONEL_TRANSPORT=tcp`).
     Tcp,
-    /// Ranks 2k and 2k+1 claim one host: shared memory inside, TCP across.
+    /// Ranks 2k and 2k+1 claim one host: shared memory inside, the soft RNIC across.
     Mixed,
 }
 
-// Rings are small, so the suite fits a container's 64 MB /dev/shm.
-const MODES: [Mode; 4] = [Mode::Shm(64 << 10), Mode::Shm(4096), Mode::Tcp, Mode::Mixed];
+// Rings are small, so the suite fits a container's 64 MB /dev/shm; the 8 KiB RDMA ring makes
+// every large message wrap and wait for credits.
+const MODES: [Mode; 6] = [
+    Mode::Shm(64 << 10),
+    Mode::Shm(4096),
+    Mode::Rdma(1 << 20),
+    Mode::Rdma(8192),
+    Mode::Tcp,
+    Mode::Mixed,
+];
 
 fn config(mode: Mode, r: usize, timeout: Duration) -> CommConfig {
     let mut cfg = CommConfig {
@@ -38,6 +48,10 @@ fn config(mode: Mode, r: usize, timeout: Duration) -> CommConfig {
     };
     match mode {
         Mode::Shm(ring) => cfg.shm.ring = ring,
+        Mode::Rdma(ring) => {
+            cfg.transports = Transports::parse("rdma").unwrap();
+            cfg.rdma.ring = ring;
+        }
         Mode::Tcp => cfg.transports = Transports::parse("tcp").unwrap(),
         Mode::Mixed => cfg.shm.host = Some(format!("host{}", r / 2)),
     }
@@ -68,12 +82,13 @@ fn ranks_over<T: Send + 'static>(
                 let cfg = config(mode, r, timeout);
                 let mut c = Communicator::init_rank(n, r, &id, cfg).unwrap();
                 for (j, p) in (0..n).filter(|&j| j != r).zip(c.paths()) {
-                    let shm = match mode {
-                        Mode::Shm(_) => true,
-                        Mode::Tcp => false,
-                        Mode::Mixed => j / 2 == r / 2,
+                    let want = match mode {
+                        Mode::Shm(_) => "via SHM",
+                        Mode::Rdma(_) => "via RoCE soft-RNIC",
+                        Mode::Tcp => "via TCP",
+                        Mode::Mixed if j / 2 == r / 2 => "via SHM",
+                        Mode::Mixed => "via RoCE soft-RNIC",
                     };
-                    let want = if shm { "via SHM" } else { "via TCP" };
                     assert!(
                         p.starts_with(&format!("rank {r} -> {j} {want}")),
                         "{mode:?}: {p}"
@@ -231,7 +246,7 @@ fn mismatched_collectives_fail_on_every_rank() {
 
 #[test]
 fn a_missing_rank_is_named_with_where_it_was() {
-    for mode in [Mode::Shm(64 << 10), Mode::Tcp] {
+    for mode in [Mode::Shm(64 << 10), Mode::Rdma(1 << 20), Mode::Tcp] {
         missing_rank(mode);
     }
 }

@@ -208,8 +208,12 @@ pub(crate) struct DevShared {
     /// Held while a thread reads the sockets and delivers what it read, so two threads
     /// never deliver one socket's datagrams out of order.
     pub(crate) rx_lock: Mutex<()>,
-    /// When an application thread last polled a CQ (ns since `epoch`).
+    /// When an application thread last polled a CQ (ns since `epoch`; 0 once it armed a
+    /// completion channel to sleep on).
     pub(crate) last_poll_ns: std::sync::atomic::AtomicU64,
+    /// The progress thread is watching the sockets in its sleep (it leaves them to threads
+    /// that poll or wait on a CQ).
+    pub(crate) engine_watches: AtomicBool,
 }
 
 impl DevShared {
@@ -296,6 +300,7 @@ impl Context {
             callers: Default::default(),
             rx_lock: Mutex::new(()),
             last_poll_ns: Default::default(),
+            engine_watches: AtomicBool::new(true),
         });
         let s2 = shared.clone();
         let thread = std::thread::Builder::new()
@@ -622,6 +627,10 @@ pub struct ConnectParams {
     pub rd_atomic: u8,
     /// IP hop limit.
     pub hop_limit: u8,
+    /// The peer's UDP port, when it is not this context's own (`ContextConfig::udp_port`,
+    /// 4791 by default): a soft-RNIC extension for several processes sharing one address,
+    /// each bound to its own port. Real RoCE peers always listen on 4791.
+    pub udp_port: Option<u16>,
 }
 
 impl Default for ConnectParams {
@@ -639,6 +648,7 @@ impl Default for ConnectParams {
             min_rnr_timer: 12,
             rd_atomic: 16,
             hop_limit: 64,
+            udp_port: None,
         }
     }
 }
@@ -759,6 +769,14 @@ impl QueuePair {
                 | AttrMask::MAX_DEST_RD_ATOMIC
                 | AttrMask::MIN_RNR_TIMER,
         )?;
+        if let Some(port) = p.udp_port {
+            self.with_slot("ibv_modify_qp", |slot| {
+                if let Some((_, peer)) = slot.peer.as_mut() {
+                    peer.set_port(port);
+                }
+                Ok(())
+            })?;
+        }
         attr.qp_state = QpState::Rts;
         attr.timeout = p.timeout;
         attr.retry_cnt = p.retry_cnt;

@@ -120,6 +120,18 @@ impl CompletionQueue {
         out.extend(s.wcs.drain(..n));
         n
     }
+    /// Appends up to `max` completions already queued to `out`, without driving the device
+    /// (for a thread about to sleep on the channel: see [`Self::req_notify`]).
+    pub fn poll_queued(&self, max: usize, out: &mut Vec<WorkCompletion>) -> usize {
+        let mut s = self
+            .shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let n = max.min(s.wcs.len());
+        out.extend(s.wcs.drain(..n));
+        n
+    }
     /// Blocks until a completion is queued or `timeout` passes (`ibv_req_notify_cq` plus
     /// `ibv_get_cq_event` on a completion channel). Returns true if one is queued. The
     /// waiting thread receives and processes the device's packets itself, so the packet that
@@ -165,6 +177,14 @@ impl CompletionQueue {
     /// channel's file descriptor ([`AsFd`]) readable, for epoll loops.
     pub fn req_notify(&self) {
         self.shared.req_notify();
+        // The caller is about to sleep on the channel and no longer drives the sockets: the
+        // progress thread must watch them (it leaves them alone while threads poll).
+        if let Some(dev) = self.shared.dev.upgrade() {
+            dev.last_poll_ns.store(0, Ordering::SeqCst);
+            if !dev.engine_watches.load(Ordering::SeqCst) {
+                dev.ring();
+            }
+        }
     }
 
     /// Consumes the channel's pending notification (`ibv_get_cq_event`); returns true if

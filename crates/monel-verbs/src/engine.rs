@@ -165,7 +165,20 @@ pub(crate) fn run(shared: &DevShared) {
         let t0 = now(shared).as_nanos();
         // Nanosecond timeouts: pacing gaps and retransmit timers are microseconds apart.
         // While application threads poll, they may leave ACKs for this thread's next pass.
-        let polled = t0.saturating_sub(shared.last_poll_ns.load(Ordering::Relaxed)) < POLLED_NS;
+        let polled_at = |s: &DevShared| {
+            let at = s.last_poll_ns.load(Ordering::SeqCst);
+            at != 0 && t0.saturating_sub(at) < POLLED_NS
+        };
+        let mut polled = polled_at(shared);
+        shared
+            .engine_watches
+            .store(!(callers || polled), Ordering::SeqCst);
+        // A thread that armed a completion channel meanwhile saw `engine_watches` false and
+        // rang, or this sees its reset of `last_poll_ns` (see `CompletionQueue::req_notify`).
+        if polled && !polled_at(shared) {
+            polled = false;
+            shared.engine_watches.store(!callers, Ordering::SeqCst);
+        }
         let cap = if callers || polled {
             CALLER_SLEEP_NS
         } else {
@@ -250,7 +263,7 @@ pub(crate) fn kick(shared: &DevShared, qpn: u32) {
 pub(crate) fn progress_once(shared: &DevShared) {
     shared
         .last_poll_ns
-        .store(now(shared).as_nanos(), Ordering::Relaxed);
+        .store(now(shared).as_nanos().max(1), Ordering::SeqCst);
     // As a waiting thread's pass: deferred responses first, so a stream keeps its ACKs.
     send_deferred(shared);
     if caller_receive(shared) {

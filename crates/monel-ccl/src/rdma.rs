@@ -1,0 +1,745 @@
+//! The soft-RNIC transport: one RC queue pair per pair of ranks on different hosts, carrying
+//! the link's byte stream as RoCEv2 packets through Monel's verbs layer.
+//!
+//! Each side registers a receive ring (`REMOTE_WRITE`). The sender copies bytes into a staging
+//! region at the same ring offset and posts an RDMA WRITE with immediate (the immediate is the
+//! byte count) into the peer's ring; the completion of the zero-length receive it consumes
+//! tells the receiver how far the ring filled. The receiver hands back credits (bytes consumed,
+//! receives reposted) with an RDMA WRITE with immediate of 16 bytes into the sender's credit
+//! word, once a quarter of the window is consumed, so a sender never overruns the ring or the
+//! receive queue. The pair's TCP connection stays open as the liveness signal: a dead peer
+//! closes it, and sleeping ranks wait on it and the completion channel together (epoll).
+
+use std::cell::RefCell;
+use std::io::{self, Read};
+use std::net::{IpAddr, TcpStream};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use monel_verbs::{
+    AccessFlags, CompletionQueue, ConnectParams, Context, ContextConfig, Device, Gid,
+    MemoryRegion, Mtu, ProtectionDomain, QpCap, QpInitAttr, QpType, QueuePair, RKey, RecvWr,
+    RemoteAddr, RemoteQp, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+};
+use nix::poll::PollFlags;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
+
+use crate::link::Link;
+use crate::shm::{recv_msg, send_msg};
+
+/// Soft-RNIC transport settings.
+#[derive(Debug, Clone)]
+pub struct RdmaConfig {
+    /// Pairs on different hosts may use the soft RNIC (`MONEL_TRANSPORT`).
+    pub enabled: bool,
+    /// Device to open: an IP address or a device/interface name (`MONEL_RDMA_DEV`; default:
+    /// the address this rank reaches the rendezvous from).
+    pub device: Option<String>,
+    /// Receive ring per peer, bytes (`MONEL_RDMA_RING`).
+    pub ring: usize,
+}
+
+impl Default for RdmaConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            device: None,
+            ring: 2 << 20,
+        }
+    }
+}
+
+/// Data messages a sender may have in flight beyond the receiver's last credit.
+const MSG_WINDOW: u64 = 256;
+/// Receives posted per QP: the data window plus room for the peer's credit messages.
+const RQ_DEPTH: u32 = 512;
+/// Send queue depth; data leaves room for credits.
+const SQ_DEPTH: u32 = 512;
+const SQ_CREDIT_RESERVE: u64 = 16;
+/// Largest single WRITE (bytes): bigger messages hold staging longer before it frees.
+const MAX_MSG: usize = 256 << 10;
+/// The immediate that marks a credit message (data immediates are byte counts <= MAX_MSG).
+const CREDIT_IMM: u32 = u32::MAX;
+/// The work-request id of credit messages (data ids are stream offsets).
+const CREDIT_WR: u64 = u64::MAX;
+
+/// A soft RNIC opened for one rank: every RDMA link of the rank shares its progress thread.
+pub struct Nic {
+    ctx: Arc<Context>,
+    pd: ProtectionDomain,
+    sgid_index: u8,
+    gid: Gid,
+    port: u16,
+    mtu: Mtu,
+}
+
+impl Nic {
+    /// Opens `cfg.device`, or the device holding `local_ip`, on its own UDP port (ranks
+    /// sharing an address each bind one; peers learn it in the handshake).
+    pub fn open(cfg: &RdmaConfig, local_ip: IpAddr) -> Result<Self, String> {
+        let dev = match &cfg.device {
+            Some(d) => Device::from_arg(d),
+            None => Device::bind(local_ip),
+        }
+        .map_err(|e| e.to_string())?;
+        let sgid_index = dev
+            .ipv4_gid_index()
+            .filter(|_| local_ip.is_ipv4() || cfg.device.is_some())
+            .unwrap_or(0);
+        let gid = dev.gid(sgid_index).map_err(|e| e.to_string())?.gid;
+        let mtu = dev.port_attr().active_mtu;
+        let ctx = Context::open(
+            &dev,
+            ContextConfig {
+                udp_port: 0,
+                ..ContextConfig::default()
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let port = ctx
+            .local_addr(sgid_index)
+            .map_err(|e| e.to_string())?
+            .port();
+        let pd = ctx.alloc_pd();
+        Ok(Self {
+            ctx: Arc::new(ctx),
+            pd,
+            sgid_index,
+            gid,
+            port,
+            mtu,
+        })
+    }
+
+    /// For logs: `dev NAME gid G port P`.
+    pub fn describe(&self) -> String {
+        format!(
+            "dev {} gid {} udp {}",
+            self.ctx.device().name,
+            self.gid,
+            self.port
+        )
+    }
+}
+
+/// One side's half of a pair before the peer's details are known.
+struct Endpoint {
+    qp: QueuePair,
+    cq: CompletionQueue,
+    rx: MemoryRegion,
+    credit_in: MemoryRegion,
+    psn: monel_verbs::Psn,
+}
+
+impl Endpoint {
+    fn new(nic: &Nic, ring: usize) -> monel_verbs::Result<Self> {
+        let cq = nic
+            .ctx
+            .create_cq((SQ_DEPTH + RQ_DEPTH) as usize)?;
+        let qp = nic.pd.create_qp(&QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            cap: QpCap {
+                max_send_wr: SQ_DEPTH,
+                max_recv_wr: RQ_DEPTH,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            qp_type: QpType::Rc,
+            sq_sig_all: true,
+            srq: None,
+        })?;
+        let remote = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        Ok(Self {
+            rx: nic.pd.reg_mr(vec![0; ring], remote)?,
+            credit_in: nic.pd.reg_mr(vec![0; 16], remote)?,
+            qp,
+            cq,
+            psn: monel_verbs::random_psn(),
+        })
+    }
+
+    /// The offer: QPN, PSN, GID, UDP port, MTU, then the ring and credit word.
+    fn offer(&self, nic: &Nic) -> Vec<u8> {
+        let mut b = Vec::with_capacity(OFFER_LEN);
+        b.extend(self.qp.qp_num().value().to_le_bytes());
+        b.extend(self.psn.value().to_le_bytes());
+        b.extend(nic.gid.0);
+        b.extend(nic.port.to_le_bytes());
+        b.extend(nic.mtu.bytes().to_le_bytes());
+        b.extend(self.rx.addr().to_le_bytes());
+        b.extend(self.rx.rkey().0.to_le_bytes());
+        b.extend((self.rx.len() as u64).to_le_bytes());
+        b.extend(self.credit_in.addr().to_le_bytes());
+        b.extend(self.credit_in.rkey().0.to_le_bytes());
+        b
+    }
+}
+
+const OFFER_LEN: usize = 4 + 4 + 16 + 2 + 4 + 8 + 4 + 8 + 8 + 4;
+
+/// A peer's offer, decoded.
+struct Offer {
+    remote: RemoteQp,
+    port: u16,
+    mtu: Mtu,
+    ring: RemoteAddr,
+    ring_len: usize,
+    credit: RemoteAddr,
+}
+
+impl Offer {
+    fn decode(b: &[u8]) -> Result<Self, String> {
+        if b.len() != OFFER_LEN {
+            return Err(format!("malformed RDMA offer ({} bytes)", b.len()));
+        }
+        let u16_at = |i: usize| u16::from_le_bytes(b[i..i + 2].try_into().expect("2"));
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8"));
+        let mtu = Mtu::from_bytes(u32_at(26)).ok_or("RDMA offer with a bad MTU")?;
+        let ring_len = u64_at(42) as usize;
+        if !(4096..=1 << 30).contains(&ring_len) {
+            return Err(format!("RDMA offer with a ring of {ring_len} bytes"));
+        }
+        Ok(Self {
+            remote: RemoteQp {
+                qpn: monel_verbs::Qpn::new(u32_at(0) & 0xff_ffff),
+                psn: monel_verbs::Psn::new(u32_at(4) & 0xff_ffff),
+                gid: Gid(b[8..24].try_into().expect("16")),
+            },
+            port: u16_at(24),
+            mtu,
+            ring: RemoteAddr {
+                addr: u64_at(30),
+                rkey: RKey(u32_at(38)),
+            },
+            ring_len,
+            credit: RemoteAddr {
+                addr: u64_at(50),
+                rkey: RKey(u32_at(58)),
+            },
+        })
+    }
+}
+
+/// What the handshake gave a pair.
+pub enum Via {
+    /// The soft RNIC, with a line for the logs.
+    Rdma(Box<RdmaLink>, String),
+    /// TCP, with the reason the soft RNIC was not used.
+    Tcp(TcpStream, String),
+}
+
+const OFFER: u8 = 11;
+const NO_OFFER: u8 = 10;
+const READY: u8 = 13;
+const FAIL: u8 = 12;
+
+/// Moves every pair in `streams` (the pairs shared memory did not take) onto the soft RNIC
+/// where both sides can, over each pair's TCP connection: offers (QP, ring, credit word) to
+/// every peer, reads theirs, connects, then confirms both ways before any data moves. A pair
+/// where either side cannot stays on TCP, with the reason.
+pub fn upgrade(
+    streams: Vec<Option<TcpStream>>,
+    local_ip: IpAddr,
+    cfg: &RdmaConfig,
+    deadline: Instant,
+) -> io::Result<Vec<Option<Via>>> {
+    let n = streams.len();
+    let mut out: Vec<Option<Via>> = (0..n).map(|_| None).collect();
+    if streams.iter().all(Option::is_none) {
+        return Ok(out);
+    }
+    let mut streams = streams;
+    for s in streams.iter_mut().flatten() {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(100));
+        s.set_read_timeout(Some(left))?;
+    }
+    let nic: Result<Arc<Nic>, String> = if cfg.enabled {
+        Nic::open(cfg, local_ip)
+            .map(Arc::new)
+            .map_err(|e| format!("no soft RNIC: {e}"))
+    } else {
+        Err("the soft RNIC is disabled on this rank (MONEL_TRANSPORT)".into())
+    };
+    // Offers first to everyone (small writes never block), then the peers' offers.
+    let mut mine: Vec<Option<Result<Endpoint, String>>> = (0..n).map(|_| None).collect();
+    for (j, s) in streams.iter_mut().enumerate() {
+        let Some(s) = s else { continue };
+        let ep = match &nic {
+            Ok(nic) => Endpoint::new(nic, cfg.ring).map_err(|e| e.to_string()),
+            Err(why) => Err(why.clone()),
+        };
+        match (&ep, &nic) {
+            (Ok(ep), Ok(nic)) => send_msg(s, OFFER, &[&ep.offer(nic)])?,
+            (Err(why), _) => send_msg(s, NO_OFFER, &[why.as_bytes()])?,
+            (Ok(_), Err(_)) => unreachable!("an endpoint needs the NIC"),
+        }
+        mine[j] = Some(ep);
+    }
+    let mut staged: Vec<Option<Result<(Endpoint, Offer), String>>> =
+        (0..n).map(|_| None).collect();
+    for (j, s) in streams.iter_mut().enumerate() {
+        let Some(s) = s else { continue };
+        let (kind, f) = recv_msg(s)?;
+        let field = |i: usize| f.get(i).map_or(&[][..], |v| v.as_slice());
+        let ep = mine[j].take().expect("offered to every peer");
+        let verdict = match (ep, kind) {
+            (Err(why), _) => Err(why),
+            (Ok(_), NO_OFFER) => Err(format!(
+                "rank {j} has no soft RNIC: {}",
+                String::from_utf8_lossy(field(0))
+            )),
+            (Ok(_), k) if k != OFFER => Err(format!("rank {j} sent a garbled RDMA handshake")),
+            (Ok(ep), _) => Offer::decode(field(0)).and_then(|o| {
+                let nic = nic.as_ref().expect("an endpoint needs the NIC");
+                ep.qp
+                    .connect(
+                        &o.remote,
+                        &ConnectParams {
+                            sgid_index: nic.sgid_index,
+                            local_psn: ep.psn,
+                            mtu: nic.mtu.min(o.mtu),
+                            access: AccessFlags::REMOTE_WRITE,
+                            // 4 ms ACK timeout, retried 7 times, RNR retried forever.
+                            timeout: 10,
+                            retry_cnt: 7,
+                            rnr_retry: 7,
+                            min_rnr_timer: 1,
+                            rd_atomic: 1,
+                            hop_limit: 64,
+                            udp_port: Some(o.port),
+                        },
+                    )
+                    .map_err(|e| e.to_string())?;
+                for _ in 0..RQ_DEPTH {
+                    ep.qp
+                        .post_recv(RecvWr {
+                            wr_id: 0,
+                            sg_list: vec![],
+                        })
+                        .map_err(|e| e.to_string())?;
+                }
+                Ok((ep, o))
+            }),
+        };
+        match &verdict {
+            Ok(_) => send_msg(s, READY, &[])?,
+            Err(why) => send_msg(s, FAIL, &[why.as_bytes()])?,
+        }
+        staged[j] = Some(verdict);
+    }
+    for (j, slot) in streams.iter_mut().enumerate() {
+        let Some(mut s) = slot.take() else { continue };
+        let (kind, f) = recv_msg(&mut s)?;
+        s.set_read_timeout(None)?;
+        let v = staged[j].take().expect("answered every peer");
+        out[j] = Some(match (v, kind) {
+            (Ok((ep, o)), READY) => {
+                let nic = nic.as_ref().expect("an endpoint needs the NIC").clone();
+                let desc = format!(
+                    "{} -> gid {} udp {} qpn {:#x}, MTU {}, {} KiB ring",
+                    nic.describe(),
+                    o.remote.gid,
+                    o.port,
+                    o.remote.qpn.value(),
+                    nic.mtu.min(o.mtu).bytes(),
+                    ep.rx.len() >> 10
+                );
+                let link = RdmaLink::new(nic, ep, o, s)?;
+                Via::Rdma(Box::new(link), desc)
+            }
+            (Ok(_), _) => Via::Tcp(
+                s,
+                format!(
+                    "rank {j} could not connect the soft RNIC: {}",
+                    String::from_utf8_lossy(f.first().map_or(&[][..], |v| v))
+                ),
+            ),
+            (Err(why), _) => Via::Tcp(s, why),
+        });
+    }
+    Ok(out)
+}
+
+/// The stream state of one RDMA link.
+struct State {
+    qp: QueuePair,
+    cq: CompletionQueue,
+    rx: MemoryRegion,
+    credit_in: MemoryRegion,
+    tx: MemoryRegion,
+    credit_out: MemoryRegion,
+    remote_ring: RemoteAddr,
+    remote_credit: RemoteAddr,
+    /// Receive ring size (this side's `rx`).
+    rx_cap: u64,
+    /// The peer's ring size (and this side's staging).
+    tx_cap: u64,
+    // Sending: stream offsets.
+    head: u64,
+    peer_tail: u64,
+    send_done: u64,
+    msgs_sent: u64,
+    peer_msgs: u64,
+    sq_posted: u64,
+    sq_done: u64,
+    // Receiving.
+    arrived: u64,
+    tail: u64,
+    credited_tail: u64,
+    msgs_in: u64,
+    credited_msgs: u64,
+    wcs: Vec<WorkCompletion>,
+    /// The first failed work completion.
+    failed: Option<String>,
+    /// The peer closed the TCP connection.
+    eof: bool,
+    /// Keeps the device open while the link lives (dropped last).
+    _nic: Arc<Nic>,
+}
+
+impl State {
+    /// Takes every completion: data arrived, credits, finished sends; reposts receives.
+    fn drain(&mut self) {
+        self.take_completions(true);
+    }
+
+    /// Takes completions; `drive`: an empty queue first has the calling thread receive what
+    /// the device's sockets hold (busy polling); otherwise only what is queued.
+    fn take_completions(&mut self, drive: bool) {
+        loop {
+            self.wcs.clear();
+            let got = if drive {
+                self.cq.poll_into(64, &mut self.wcs)
+            } else {
+                self.cq.poll_queued(64, &mut self.wcs)
+            };
+            for i in 0..got {
+                let wc = self.wcs[i];
+                self.complete(&wc);
+            }
+            if got < 64 {
+                return;
+            }
+        }
+    }
+
+    fn complete(&mut self, wc: &WorkCompletion) {
+        if wc.status != WcStatus::Success {
+            self.failed.get_or_insert_with(|| {
+                format!("soft RNIC work completion {:?} ({:?})", wc.status, wc.opcode)
+            });
+            return;
+        }
+        match wc.opcode {
+            WcOpcode::RecvRdmaWithImm => {
+                match wc.imm {
+                    Some(CREDIT_IMM) => {
+                        let mut b = [0u8; 16];
+                        if self.credit_in.read(0, &mut b).is_ok() {
+                            let tail = u64::from_le_bytes(b[..8].try_into().expect("8"));
+                            let msgs = u64::from_le_bytes(b[8..].try_into().expect("8"));
+                            // A credit beyond what was sent is a broken peer: ignore it.
+                            if tail <= self.head && msgs <= self.msgs_sent {
+                                self.peer_tail = self.peer_tail.max(tail);
+                                self.peer_msgs = self.peer_msgs.max(msgs);
+                            }
+                        }
+                    }
+                    Some(n) if u64::from(n) <= self.rx_cap - (self.arrived - self.tail) => {
+                        self.arrived += u64::from(n);
+                        self.msgs_in += 1;
+                    }
+                    _ => {
+                        self.failed
+                            .get_or_insert_with(|| "the peer overran the receive ring".into());
+                        return;
+                    }
+                }
+                if let Err(e) = self.qp.post_recv(RecvWr {
+                    wr_id: 0,
+                    sg_list: vec![],
+                }) {
+                    self.failed.get_or_insert_with(|| e.to_string());
+                }
+            }
+            WcOpcode::RdmaWrite => {
+                self.sq_done += 1;
+                if wc.wr_id != CREDIT_WR {
+                    self.send_done = self.send_done.max(wc.wr_id);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn check(&self) -> io::Result<()> {
+        match &self.failed {
+            Some(why) => Err(io::Error::other(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Bytes that may be written now (contiguous in the ring, one message at most).
+    fn room(&self) -> usize {
+        if self.msgs_sent - self.peer_msgs >= MSG_WINDOW
+            || self.sq_posted - self.sq_done >= u64::from(SQ_DEPTH) - SQ_CREDIT_RESERVE
+        {
+            return 0;
+        }
+        let free = (self.tx_cap - (self.head - self.peer_tail))
+            .min(self.tx_cap - (self.head - self.send_done));
+        let to_end = self.tx_cap - self.head % self.tx_cap;
+        free.min(to_end).min(MAX_MSG as u64) as usize
+    }
+
+    fn write_two(&mut self, a: &[u8], b: &[u8]) -> io::Result<usize> {
+        self.drain();
+        self.check()?;
+        let n = self.room().min(a.len() + b.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        let off = (self.head % self.tx_cap) as usize;
+        let na = n.min(a.len());
+        self.tx.with(|buf| {
+            buf[off..off + na].copy_from_slice(&a[..na]);
+            buf[off + na..off + n].copy_from_slice(&b[..n - na]);
+        });
+        self.head += n as u64;
+        self.qp
+            .post_send(SendWr {
+                wr_id: self.head,
+                op: SendOp::WriteImm(
+                    RemoteAddr {
+                        addr: self.remote_ring.addr + off as u64,
+                        rkey: self.remote_ring.rkey,
+                    },
+                    n as u32,
+                ),
+                sg_list: vec![self.tx.sge(off, n)],
+                flags: SendFlags {
+                    signaled: true,
+                    ..SendFlags::default()
+                },
+            })
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        self.msgs_sent += 1;
+        self.sq_posted += 1;
+        Ok(n)
+    }
+
+    /// Copies up to `out.len()` arrived bytes (across the ring's wrap), consuming them when
+    /// `consume`.
+    fn copy_out(&mut self, out: &mut [u8], consume: bool) -> usize {
+        let n = (out.len() as u64).min(self.arrived - self.tail) as usize;
+        if n == 0 {
+            return 0;
+        }
+        let off = (self.tail % self.rx_cap) as usize;
+        let first = n.min(self.rx_cap as usize - off);
+        self.rx.with(|buf| {
+            out[..first].copy_from_slice(&buf[off..off + first]);
+            out[first..n].copy_from_slice(&buf[..n - first]);
+        });
+        if consume {
+            self.tail += n as u64;
+            self.maybe_credit();
+        }
+        n
+    }
+
+    /// Hands back credits once a quarter of the ring or of the message window is consumed.
+    fn maybe_credit(&mut self) {
+        let due = self.tail - self.credited_tail >= self.rx_cap / 4
+            || self.msgs_in - self.credited_msgs >= MSG_WINDOW / 4;
+        if !due || self.sq_posted - self.sq_done >= u64::from(SQ_DEPTH) || self.failed.is_some() {
+            return;
+        }
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.tail.to_le_bytes());
+        b[8..].copy_from_slice(&self.msgs_in.to_le_bytes());
+        // A retransmission may carry a newer value than first sent: credits only grow.
+        self.credit_out.with(|buf| buf.copy_from_slice(&b));
+        let r = self.qp.post_send(SendWr {
+            wr_id: CREDIT_WR,
+            op: SendOp::WriteImm(self.remote_credit, CREDIT_IMM),
+            sg_list: vec![self.credit_out.sge(0, 16)],
+            flags: SendFlags {
+                signaled: true,
+                ..SendFlags::default()
+            },
+        });
+        match r {
+            Ok(()) => {
+                self.sq_posted += 1;
+                self.credited_tail = self.tail;
+                self.credited_msgs = self.msgs_in;
+            }
+            Err(e) => {
+                self.failed.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+
+    fn read(&mut self, out: &mut [u8], consume: bool) -> io::Result<usize> {
+        if out.is_empty() {
+            return Ok(0);
+        }
+        self.drain();
+        let n = self.copy_out(out, consume);
+        if n > 0 {
+            return Ok(n);
+        }
+        self.check()?;
+        if self.eof {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(0)
+    }
+
+    /// True if there is something to do without sleeping.
+    fn ready(&self, read: bool, write: bool) -> bool {
+        self.failed.is_some()
+            || self.eof
+            || (read && self.arrived > self.tail)
+            || (write && self.room() > 0)
+    }
+}
+
+/// A link over one RC queue pair of the soft RNIC (see the module docs).
+pub struct RdmaLink {
+    st: RefCell<State>,
+    /// The pair's TCP connection: closes when the peer dies.
+    tcp: TcpStream,
+    /// Sleeps on the completion channel and the TCP connection together.
+    epoll: Epoll,
+}
+
+impl RdmaLink {
+    fn new(nic: Arc<Nic>, ep: Endpoint, o: Offer, tcp: TcpStream) -> io::Result<Self> {
+        let tx = nic
+            .pd
+            .reg_mr(vec![0; o.ring_len], AccessFlags::NONE)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        let credit_out = nic
+            .pd
+            .reg_mr(vec![0; 16], AccessFlags::NONE)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        tcp.set_nonblocking(true)?;
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
+        epoll.add(ep.cq.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, 0))?;
+        epoll.add(
+            tcp.as_fd(),
+            EpollEvent::new(EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP, 1),
+        )?;
+        let rx_cap = ep.rx.len() as u64;
+        Ok(Self {
+            st: RefCell::new(State {
+                qp: ep.qp,
+                cq: ep.cq,
+                rx: ep.rx,
+                credit_in: ep.credit_in,
+                tx,
+                credit_out,
+                remote_ring: o.ring,
+                remote_credit: o.credit,
+                rx_cap,
+                tx_cap: o.ring_len as u64,
+                head: 0,
+                peer_tail: 0,
+                send_done: 0,
+                msgs_sent: 0,
+                peer_msgs: 0,
+                sq_posted: 0,
+                sq_done: 0,
+                arrived: 0,
+                tail: 0,
+                credited_tail: 0,
+                msgs_in: 0,
+                credited_msgs: 0,
+                wcs: Vec::with_capacity(64),
+                failed: None,
+                eof: false,
+                _nic: nic,
+            }),
+            tcp,
+            epoll,
+        })
+    }
+
+    /// The peer closed its end: take what it sent before (loopback datagrams sent before the
+    /// close are already queued), then report the end.
+    fn watch_tcp(&self, st: &mut State) {
+        if st.eof {
+            return;
+        }
+        let mut b = [0u8; 1];
+        let closed = match (&self.tcp).read(&mut b) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted,
+        };
+        if closed {
+            st.drain();
+            st.eof = true;
+        }
+    }
+
+    /// The QP's counters (retransmissions, RNR, sequence errors), for diagnostics.
+    pub fn stats(&self) -> Option<monel_verbs::QpStats> {
+        self.st.borrow().qp.stats().ok()
+    }
+}
+
+impl Link for RdmaLink {
+    fn kind(&self) -> &'static str {
+        "RoCE"
+    }
+    fn write_some(&mut self, data: &[u8]) -> io::Result<usize> {
+        if data.is_empty() {
+            return Ok(0);
+        }
+        self.st.get_mut().write_two(data, &[])
+    }
+    fn write_two(&mut self, a: &[u8], b: &[u8]) -> io::Result<usize> {
+        self.st.get_mut().write_two(a, b)
+    }
+    fn read_some(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.st.get_mut().read(buf, true)
+    }
+    fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.st.borrow_mut().read(buf, false)
+    }
+    fn fd(&self) -> RawFd {
+        self.epoll.0.as_raw_fd()
+    }
+    fn arm(&mut self, read: bool, write: bool) -> Option<PollFlags> {
+        let st = self.st.get_mut();
+        // Clear a stale wake-up, arm the channel, then look: a completion that lands between
+        // the look and the sleep writes the channel.
+        st.cq.get_event();
+        st.drain();
+        if st.ready(read, write) {
+            return None;
+        }
+        // From here the progress thread receives for this link and writes the channel.
+        st.cq.req_notify();
+        st.take_completions(false);
+        if st.ready(read, write) {
+            return None;
+        }
+        let mut st = self.st.borrow_mut();
+        self.watch_tcp(&mut st);
+        (!st.ready(read, write)).then_some(PollFlags::POLLIN)
+    }
+    fn disarm(&mut self) {
+        let st = self.st.get_mut();
+        st.cq.get_event();
+    }
+}
