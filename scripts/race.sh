@@ -10,9 +10,10 @@
 #                   [--target-ms 100] [--netns]
 #
 # --netns runs the ranks in two network namespaces joined by a veth pair (half the ranks in
-# each), and every tool is held to the network: Monel with MONEL_TRANSPORT=tcp (namespaces
-# share /dev/shm, so it would otherwise find shared memory between them), Open MPI with the
-# tcp BTL only, Gloo over the veth.
+# each), and every tool is held to the network: Monel twice, over its soft RNIC (RoCEv2,
+# MONEL_TRANSPORT=rdma) and over TCP (MONEL_TRANSPORT=tcp) (namespaces share /dev/shm, so it
+# would otherwise find shared memory between them), Open MPI with the tcp BTL only, Gloo over
+# the veth.
 #
 # Installs what it needs: Open MPI from apt, and torch in a venv ($MONEL_RACE_VENV, default
 # /tmp/monel-race-venv; the PyPI wheel pulls about 5 GB of CUDA libraries even for CPU use).
@@ -87,7 +88,7 @@ ranks() { # np cmd...
   local pids=() r ns rc=0
   for r in $(seq 0 $((np - 1))); do
     if [ $r -lt $((np / 2)) ]; then ns=$NS_A; else ns=$NS_B; fi
-    ip netns exec $ns env MONEL_TRANSPORT=tcp MASTER_ADDR=$IP_A MASTER_PORT=$port RANK=$r WORLD_SIZE=$np \
+    ip netns exec $ns env MONEL_TRANSPORT=${race_transport:-tcp} MASTER_ADDR=$IP_A MASTER_PORT=$port RANK=$r WORLD_SIZE=$np \
       LOCAL_RANK=$r GLOO_SOCKET_IFNAME=$([ $ns = $NS_A ] && echo mrace_a || echo mrace_b) \
       "$@" &
     pids+=($!)
@@ -96,9 +97,9 @@ ranks() { # np cmd...
   return $rc
 }
 
-run_monel() { # np round
-  ranks "$1" "$M" bench all_reduce -b "$min" -e "$max" -f "$factor" -T "$target" -w 3 -c 1 \
-    --format csv | grep -E '^[0-9]' | awk -F, -v np="$1" '{print "monel_oop", np, $1, $6; print "monel_ip", np, $1, $10}'
+run_monel() { # np [transport label]
+  race_transport=${2:-} ranks "$1" "$M" bench all_reduce -b "$min" -e "$max" -f "$factor" -T "$target" -w 3 -c 1 \
+    --format csv | grep -E '^[0-9]' | awk -F, -v np="$1" -v t="${3:-monel}" '{print t "_oop", np, $1, $6; print t "_ip", np, $1, $10}'
 }
 run_mpi() {
   if [ "$netns" = 0 ]; then
@@ -121,7 +122,12 @@ run_gloo() {
 for np in $nps; do
   for r in $(seq "$rounds"); do
     echo "# np $np round $r/$rounds" >&2
-    run_monel "$np" >> "$work/all"
+    if [ "$netns" = 1 ]; then
+      run_monel "$np" rdma >> "$work/all"
+      run_monel "$np" tcp monel_tcp >> "$work/all"
+    else
+      run_monel "$np" >> "$work/all"
+    fi
     run_mpi "$np" >> "$work/all"
     run_gloo "$np" >> "$work/all"
   done
@@ -138,8 +144,11 @@ def busbw(np, size, us):
     return size * 2 * (np - 1) / np / us / 1e3
 where = "two network namespaces (veth)" if sys.argv[2] == "1" else "one host (loopback, shared memory)"
 print(f"# float32 AllReduce, {where}; medians of {len(next(iter(t.values())))} interleaved rounds")
-print("| ranks | size | Monel oop us | Monel in-place us | Open MPI us | Gloo us | Monel busbw GB/s | Open MPI busbw | Gloo busbw | Monel / MPI | Monel / Gloo |")
-print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+tcp = sys.argv[2] == "1"
+extra = " Monel TCP oop us | Monel TCP / MPI | Monel TCP / Gloo |" if tcp else ""
+label = "Monel RoCE" if tcp else "Monel"
+print(f"| ranks | size | {label} oop us | {label} in-place us | Open MPI us | Gloo us | {label} busbw GB/s | Open MPI busbw | Gloo busbw | {label} / MPI | {label} / Gloo |{extra}")
+print("|---:" * (11 + (3 if tcp else 0)) + "|")
 for (np, size) in sorted({(k[1], k[2]) for k in med}):
     g = lambda tool: med.get((tool, np, size))
     mo, mi, mp, gl = g("monel_oop"), g("monel_ip"), g("mpi"), g("gloo")
@@ -147,5 +156,9 @@ for (np, size) in sorted({(k[1], k[2]) for k in med}):
     bw = lambda x: "-" if x is None else f"{busbw(np, size, x):.3f}"
     r = lambda a, b: "-" if a is None or b is None else f"{b / a:.2f}x"
     human = f"{size >> 20} MiB" if size >= 1 << 20 else (f"{size >> 10} KiB" if size >= 1024 else f"{size} B")
-    print(f"| {np} | {human} | {f(mo)} | {f(mi)} | {f(mp)} | {f(gl)} | {bw(mo)} | {bw(mp)} | {bw(gl)} | {r(mo, mp)} | {r(mi, gl)} |")
+    row = f"| {np} | {human} | {f(mo)} | {f(mi)} | {f(mp)} | {f(gl)} | {bw(mo)} | {bw(mp)} | {bw(gl)} | {r(mo, mp)} | {r(mi, gl)} |"
+    if tcp:
+        to, ti = g("monel_tcp_oop"), g("monel_tcp_ip")
+        row += f" {f(to)} | {r(to, mp)} | {r(ti, gl)} |"
+    print(row)
 EOF

@@ -17,6 +17,10 @@ enum Mem {
     /// The user's mutable buffer (output, or the single buffer in place).
     User,
     Scratch,
+    /// A point-to-point group's send buffer.
+    SendPart(usize),
+    /// A point-to-point group's receive buffer.
+    RecvPart(usize),
 }
 
 /// One rank's buffers for one collective.
@@ -28,6 +32,8 @@ pub struct Buffers<'a> {
     /// Where `Output` starts inside `user` (bytes).
     output_off: usize,
     scratch: Vec<u8>,
+    send_parts: Vec<&'a [u8]>,
+    recv_parts: Vec<&'a mut [u8]>,
     dtype: DataType,
     op: RedOp,
     nranks: usize,
@@ -48,6 +54,8 @@ impl<'a> Buffers<'a> {
             input_off: 0,
             output_off: 0,
             scratch: Vec::new(),
+            send_parts: Vec::new(),
+            recv_parts: Vec::new(),
             dtype,
             op,
             nranks,
@@ -69,8 +77,26 @@ impl<'a> Buffers<'a> {
             input_off: input_elem * es,
             output_off: output_elem * es,
             scratch: Vec::new(),
+            send_parts: Vec::new(),
+            recv_parts: Vec::new(),
             dtype,
             op,
+            nranks,
+        }
+    }
+    /// A point-to-point group's buffers, in bytes: [`Buf::SendPart`] `i` is `sends[i]`,
+    /// [`Buf::RecvPart`] `i` is `recvs[i]`.
+    pub fn parts(sends: Vec<&'a [u8]>, recvs: Vec<&'a mut [u8]>, nranks: usize) -> Self {
+        Self {
+            input: None,
+            user: &mut [],
+            input_off: 0,
+            output_off: 0,
+            scratch: Vec::new(),
+            send_parts: sends,
+            recv_parts: recvs,
+            dtype: DataType::U8,
+            op: RedOp::Sum,
             nranks,
         }
     }
@@ -111,6 +137,16 @@ impl<'a> Buffers<'a> {
             (Buf::Input, None) => (Mem::User, self.input_off, self.user.len()),
             (Buf::Output, _) => (Mem::User, self.output_off, self.user.len()),
             (Buf::Scratch, _) => (Mem::Scratch, 0, self.scratch.len()),
+            (Buf::SendPart(i), _) => {
+                let i = usize::from(i);
+                let len = self.send_parts.get(i).map(|p| p.len());
+                (Mem::SendPart(i), 0, len.ok_or_else(|| no_part(s))?)
+            }
+            (Buf::RecvPart(i), _) => {
+                let i = usize::from(i);
+                let len = self.recv_parts.get(i).map(|p| p.len());
+                (Mem::RecvPart(i), 0, len.ok_or_else(|| no_part(s))?)
+            }
         };
         let start = base + s.off * es;
         let end = start + s.len * es;
@@ -129,6 +165,8 @@ impl<'a> Buffers<'a> {
             Mem::In => &self.input.expect("located")[r],
             Mem::User => &self.user[r],
             Mem::Scratch => &self.scratch[r],
+            Mem::SendPart(i) => &self.send_parts[i][r],
+            Mem::RecvPart(i) => &self.recv_parts[i][r],
         })
     }
 
@@ -136,11 +174,12 @@ impl<'a> Buffers<'a> {
     pub fn bytes_mut(&mut self, s: Span) -> Result<&mut [u8]> {
         let (m, r) = self.locate(s)?;
         match m {
-            Mem::In => Err(CclError::internal(
+            Mem::In | Mem::SendPart(_) => Err(CclError::internal(
                 "a schedule writes to the read-only input",
             )),
             Mem::User => Ok(&mut self.user[r]),
             Mem::Scratch => Ok(&mut self.scratch[r]),
+            Mem::RecvPart(i) => Ok(&mut self.recv_parts[i][r]),
         }
     }
 
@@ -162,7 +201,8 @@ impl<'a> Buffers<'a> {
             let buf: &mut [u8] = match dm {
                 Mem::User => self.user,
                 Mem::Scratch => &mut self.scratch,
-                Mem::In => {
+                Mem::RecvPart(i) => self.recv_parts[i],
+                Mem::In | Mem::SendPart(_) => {
                     return Err(CclError::internal(
                         "a schedule writes to the read-only input",
                     ));
@@ -183,6 +223,9 @@ impl<'a> Buffers<'a> {
             (Mem::In, Mem::Scratch) => f(&self.input.expect("located")[sr], &mut self.scratch[dr]),
             (Mem::User, Mem::Scratch) => f(&self.user[sr], &mut self.scratch[dr]),
             (Mem::Scratch, Mem::User) => f(&self.scratch[sr], &mut self.user[dr]),
+            (Mem::SendPart(i), Mem::RecvPart(j)) => {
+                f(&self.send_parts[i][sr], &mut self.recv_parts[j][dr]);
+            }
             _ => {
                 return Err(CclError::internal(
                     "a schedule writes to the read-only input",
@@ -232,4 +275,8 @@ impl<'a> Buffers<'a> {
         }
         Ok(())
     }
+}
+
+fn no_part(s: Span) -> CclError {
+    CclError::internal(format!("{s:?}: no such part in this group"))
 }

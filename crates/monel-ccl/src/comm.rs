@@ -13,11 +13,11 @@ use crate::bootstrap::{Launch, PeerAddrs, UniqueId, launch_from, mesh, rendezvou
 use crate::buffers::Buffers;
 use crate::dtype::{DataType, RedOp};
 use crate::error::{CclError, ErrorKind, Result};
-use crate::exec::{self, Ctx, Links, Name, Pool};
+use crate::exec::{self, Ctx, Links, Name, P2pSeqs, Pool};
 use crate::link::{Link, Signature, TcpLink};
 use crate::plan::{self, Algorithm, Collective};
-use crate::schedule::Schedule;
 use crate::rdma::{self, RdmaConfig, Via};
+use crate::schedule::{Buf, Op, Schedule, Span, Step};
 use crate::shm::{ShmConfig, Upgrade, upgrade};
 use crate::tune;
 
@@ -235,6 +235,9 @@ pub struct Communicator {
     /// Executor state and scratch kept between calls.
     pool: Pool,
     scratch: Vec<u8>,
+    /// Point-to-point messages sent to and received from each peer so far.
+    p2p_sent: Vec<u64>,
+    p2p_received: Vec<u64>,
     /// See [`exec::Ctx::yield_every`].
     yield_every: u32,
     /// The cost model's constants for this communicator's links.
@@ -308,6 +311,12 @@ fn describe_sig(s: &Signature) -> String {
         7 => "gather",
         8 => "scatter",
         9 => "barrier",
+        exec::P2P_CODE if s.seq == 0 => {
+            return format!("a send/recv group ({} bytes)", s.count);
+        }
+        exec::P2P_CODE => {
+            return format!("send/recv message #{} of {} bytes", s.seq, s.count);
+        }
         _ => "an unknown operation",
     };
     let dt = DataType::ALL
@@ -499,6 +508,8 @@ impl Communicator {
             schedules: HashMap::default(),
             pool: Pool::default(),
             scratch: Vec::new(),
+            p2p_sent: vec![0; nranks],
+            p2p_received: vec![0; nranks],
             yield_every,
             costs,
         })
@@ -673,6 +684,7 @@ impl Communicator {
             deadline: Instant::now() + self.cfg.timeout,
             spin: self.cfg.spin,
             yield_every: self.yield_every,
+            p2p: None,
         };
         let res = exec::run(&mut ctx, &sched, &mut bufs, &mut self.pool);
         self.scratch = bufs.take_scratch();
@@ -682,6 +694,12 @@ impl Communicator {
             }
             r => r,
         };
+        self.conclude(sig, res)
+    }
+
+    /// Records how a call ended; a failure goes to every peer and fails the communicator.
+    fn conclude(&mut self, sig: Signature, res: Result<()>) -> Result<()> {
+        let r = self.rank;
         let mut st = self.status.lock().unwrap_or_else(PoisonError::into_inner);
         match res {
             Ok(()) => {
@@ -918,6 +936,295 @@ impl Communicator {
     pub fn barrier(&mut self) -> Result<()> {
         self.collective(Collective::Barrier, DataType::U8, 0, Io::InPlace(&mut []))
     }
+
+    /// Splits into sub-communicators (`ncclCommSplit`): the ranks that pass the same
+    /// `color` form one, numbered by `key` (ties by rank here); `None` (`NCCL_SPLIT_NOCOLOR`)
+    /// takes part and joins none. Every rank must call it; the new communicator has this
+    /// one's configuration and its own connections.
+    pub fn split(&mut self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
+        let n = self.nranks;
+        let mut mine = Vec::with_capacity(16);
+        mine.extend(color.map_or(-1, i64::from).to_le_bytes());
+        mine.extend(key.to_le_bytes());
+        let mut all = vec![0u8; 16 * n];
+        self.all_gather(&mine, &mut all, 2, DataType::I64)?;
+        let at = |r: usize, i: usize| {
+            i64::from_le_bytes(
+                all[16 * r + 8 * i..16 * r + 8 * i + 8]
+                    .try_into()
+                    .expect("8"),
+            )
+        };
+        let Some(c) = color else {
+            // Still takes part in the id exchange below.
+            let mut ids = vec![0u8; ID_LEN * n];
+            self.all_gather(&[0; ID_LEN], &mut ids, ID_LEN, DataType::U8)?;
+            return Ok(None);
+        };
+        let mut members: Vec<usize> = (0..n).filter(|&r| at(r, 0) == i64::from(c)).collect();
+        members.sort_by_key(|&r| (at(r, 1), r));
+        let new_rank = members
+            .iter()
+            .position(|&r| r == self.rank)
+            .expect("a rank is in its own color");
+        // The first member starts the rendezvous; everyone learns every leader's id.
+        let mut id_bytes = [0u8; ID_LEN];
+        let own_id = if new_rank == 0 {
+            let ip = self.table[self.rank].data.ip();
+            let id = UniqueId::create(SocketAddr::new(ip, 0))?;
+            let text = id.to_string();
+            let b = id_bytes
+                .get_mut(..text.len())
+                .ok_or_else(|| CclError::internal(format!("unique id {text} too long")))?;
+            b.copy_from_slice(text.as_bytes());
+            Some(id)
+        } else {
+            None
+        };
+        let mut ids = vec![0u8; ID_LEN * n];
+        self.all_gather(&id_bytes, &mut ids, ID_LEN, DataType::U8)?;
+        let id = match own_id {
+            Some(id) => id,
+            None => {
+                let l = members[0];
+                let raw = &ids[ID_LEN * l..ID_LEN * (l + 1)];
+                let end = raw.iter().position(|&b| b == 0).unwrap_or(ID_LEN);
+                String::from_utf8_lossy(&raw[..end]).parse()?
+            }
+        };
+        Communicator::init_rank(members.len(), new_rank, &id, self.cfg.clone()).map(Some)
+    }
+
+    /// Sends `count` elements of `buf` to `peer` (`ncclSend`). It returns once the data is
+    /// on its way; a large message waits for `peer` to receive it, so two ranks that send to
+    /// each other must do it in one [`Self::group`] (as with NCCL).
+    pub fn send(&mut self, buf: &[u8], count: usize, dtype: DataType, peer: usize) -> Result<()> {
+        self.group(vec![GroupOp::Send {
+            buf,
+            count,
+            dtype,
+            peer,
+        }])
+    }
+
+    /// Receives `count` elements from `peer` into `buf` (`ncclRecv`). Messages between two
+    /// ranks match in order; the counts must agree.
+    pub fn recv(
+        &mut self,
+        buf: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+    ) -> Result<()> {
+        self.group(vec![GroupOp::Recv {
+            buf,
+            count,
+            dtype,
+            peer,
+        }])
+    }
+
+    /// Runs operations as one group (`ncclGroupStart` .. `ncclGroupEnd`): every send and
+    /// receive progresses at once, so any exchange pattern completes (all-to-all, rings,
+    /// sends to self matched with receives from self in order); the collectives then run in
+    /// the order given.
+    pub fn group(&mut self, ops: Vec<GroupOp<'_>>) -> Result<()> {
+        if let Some(e) = &self.failed {
+            return Err(CclError::new(
+                ErrorKind::Aborted,
+                format!("communicator failed earlier: {e}"),
+            ));
+        }
+        let n = self.nranks;
+        let mut sends: Vec<(usize, &[u8])> = Vec::new();
+        let mut recvs: Vec<(usize, &mut [u8])> = Vec::new();
+        let mut colls = Vec::new();
+        for op in ops {
+            let (what, peer, count, dtype, len) = match &op {
+                GroupOp::Send {
+                    buf,
+                    count,
+                    dtype,
+                    peer,
+                } => ("send", *peer, *count, *dtype, buf.len()),
+                GroupOp::Recv {
+                    buf,
+                    count,
+                    dtype,
+                    peer,
+                } => ("recv", *peer, *count, *dtype, buf.len()),
+                GroupOp::Collective { .. } => ("", 0, 0, DataType::U8, 0),
+            };
+            if !what.is_empty() && peer >= n {
+                return Err(CclError::invalid(format!(
+                    "{what}: peer {peer} is not a rank (0..{n})"
+                )));
+            }
+            let bytes = count.checked_mul(dtype.size()).unwrap_or(usize::MAX);
+            if !what.is_empty() && len < bytes {
+                return Err(CclError::invalid(format!(
+                    "{what}: buffer has {len} bytes, {count} {dtype} elements need {bytes}"
+                )));
+            }
+            match op {
+                // Empty messages are no-ops on both sides (as in NCCL).
+                GroupOp::Send { .. } | GroupOp::Recv { .. } if bytes == 0 => {}
+                GroupOp::Send { buf, peer, .. } => sends.push((peer, &buf[..bytes])),
+                GroupOp::Recv { buf, peer, .. } => recvs.push((peer, &mut buf[..bytes])),
+                GroupOp::Collective {
+                    coll,
+                    dtype,
+                    count,
+                    io,
+                } => colls.push((coll, dtype, count, io)),
+            }
+        }
+        if !sends.is_empty() || !recvs.is_empty() {
+            self.point_to_point(sends, recvs)?;
+        }
+        for (coll, dtype, count, io) in colls {
+            self.collective(coll, dtype, count, io)?;
+        }
+        Ok(())
+    }
+
+    /// Runs a group's sends and receives as one step.
+    fn point_to_point(
+        &mut self,
+        sends: Vec<(usize, &[u8])>,
+        recvs: Vec<(usize, &mut [u8])>,
+    ) -> Result<()> {
+        let me = self.rank;
+        let span = |buf, len| Span { buf, off: 0, len };
+        let mut step = Vec::new();
+        // Sends to self meet receives from self in order, as local copies.
+        let self_recvs: Vec<usize> = (0..recvs.len()).filter(|&j| recvs[j].0 == me).collect();
+        let mut self_sends = 0;
+        for (i, (peer, b)) in sends.iter().enumerate() {
+            let src = span(Buf::SendPart(part(i)?), b.len());
+            if *peer != me {
+                step.push(Op::Send { peer: *peer, src });
+                continue;
+            }
+            let Some(&j) = self_recvs.get(self_sends) else {
+                return Err(CclError::invalid(format!(
+                    "send to self (rank {me}) without a matching recv from self in the group"
+                )));
+            };
+            self_sends += 1;
+            if recvs[j].1.len() != b.len() {
+                return Err(CclError::invalid(format!(
+                    "send to self of {} bytes meets a recv from self of {} bytes",
+                    b.len(),
+                    recvs[j].1.len()
+                )));
+            }
+            step.push(Op::Copy {
+                src,
+                dst: span(Buf::RecvPart(part(j)?), b.len()),
+            });
+        }
+        if self_sends != self_recvs.len() {
+            return Err(CclError::invalid(format!(
+                "recv from self (rank {me}) without a matching send to self in the group"
+            )));
+        }
+        for (j, (peer, b)) in recvs.iter().enumerate() {
+            if *peer != me {
+                step.push(Op::Recv {
+                    peer: *peer,
+                    dst: span(Buf::RecvPart(part(j)?), b.len()),
+                    reduce: false,
+                });
+            }
+        }
+        let total: usize = sends.iter().map(|s| s.1.len()).sum::<usize>()
+            + recvs.iter().map(|r| r.1.len()).sum::<usize>();
+        let sig = Signature {
+            seq: 0,
+            coll: exec::P2P_CODE,
+            dtype: 0,
+            op: 0,
+            root: 0,
+            count: total as u64,
+        };
+        {
+            let mut st = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+            st.sig = Some(sig);
+            st.state = "running";
+        }
+        let sched = Schedule {
+            steps: vec![Step { ops: step }],
+            scratch: 0,
+        };
+        let mut bufs = Buffers::parts(
+            sends.into_iter().map(|s| s.1).collect(),
+            recvs.into_iter().map(|r| r.1).collect(),
+            self.nranks,
+        );
+        let mut ctx = Ctx {
+            links: &mut self.links,
+            name: Name {
+                sig,
+                describe: &describe_sig,
+            },
+            deadline: Instant::now() + self.cfg.timeout,
+            spin: self.cfg.spin,
+            yield_every: self.yield_every,
+            p2p: Some(P2pSeqs {
+                send: &mut self.p2p_sent,
+                recv: &mut self.p2p_received,
+            }),
+        };
+        let res = exec::run(&mut ctx, &sched, &mut bufs, &mut self.pool);
+        self.conclude(sig, res)
+    }
+}
+
+/// Bytes of a unique id's text in [`Communicator::split`]'s exchange.
+const ID_LEN: usize = 128;
+
+/// A group's part index.
+fn part(i: usize) -> Result<u16> {
+    u16::try_from(i).map_err(|_| CclError::invalid("more than 65535 sends or receives in a group"))
+}
+
+/// One operation of a [`Communicator::group`].
+pub enum GroupOp<'a> {
+    /// `ncclSend`.
+    Send {
+        /// The data.
+        buf: &'a [u8],
+        /// Elements.
+        count: usize,
+        /// Their type.
+        dtype: DataType,
+        /// Destination rank.
+        peer: usize,
+    },
+    /// `ncclRecv`.
+    Recv {
+        /// Where the data lands.
+        buf: &'a mut [u8],
+        /// Elements.
+        count: usize,
+        /// Their type.
+        dtype: DataType,
+        /// Source rank.
+        peer: usize,
+    },
+    /// A collective (as [`Communicator::collective`]), run after the group's sends and
+    /// receives.
+    Collective {
+        /// Which.
+        coll: Collective,
+        /// Element type.
+        dtype: DataType,
+        /// Elements.
+        count: usize,
+        /// Buffers.
+        io: Io<'a>,
+    },
 }
 
 impl Drop for Communicator {

@@ -51,6 +51,41 @@ pub(crate) struct Ctx<'a> {
     /// Yield the CPU every this many idle rounds: 1 when this host has more ranks than
     /// cores (a spinning rank would hold the core its peer needs), else rarely.
     pub(crate) yield_every: u32,
+    /// Point-to-point numbering, for send/recv groups: each message carries its own
+    /// signature (`P2P_CODE`, the pair's message number, its length in bytes).
+    pub(crate) p2p: Option<P2pSeqs<'a>>,
+}
+
+/// The numbers of the last message sent to and received from each peer.
+pub(crate) struct P2pSeqs<'a> {
+    pub(crate) send: &'a mut [u64],
+    pub(crate) recv: &'a mut [u64],
+}
+
+/// The `coll` code of point-to-point messages.
+pub(crate) const P2P_CODE: u8 = 0x50;
+
+impl Ctx<'_> {
+    /// The signature the next message to (`send`) or from `peer` of `bytes` carries.
+    fn next_sig(&mut self, peer: usize, bytes: usize, send: bool) -> Signature {
+        let Some(p) = self.p2p.as_mut() else {
+            return self.name.sig;
+        };
+        let seq = if send {
+            &mut p.send[peer]
+        } else {
+            &mut p.recv[peer]
+        };
+        *seq += 1;
+        Signature {
+            seq: *seq,
+            coll: P2P_CODE,
+            dtype: 0,
+            op: 0,
+            root: 0,
+            count: bytes as u64,
+        }
+    }
 }
 
 /// A collective's signature and its description, formatted only when a message needs it.
@@ -81,6 +116,7 @@ pub(crate) struct Pool {
 
 struct SendSt {
     peer: usize,
+    sig: Signature,
     src: Span,
     total: usize,
     sent: usize,
@@ -93,6 +129,8 @@ struct SendSt {
 
 struct RecvSt {
     peer: usize,
+    /// The signature expected on the peer's frames.
+    sig: Signature,
     dst: Span,
     /// Reduce with this operand into `dst` (`dst = acc op incoming`); copy when `None`.
     acc: Option<Span>,
@@ -126,7 +164,7 @@ impl SendSt {
                     let len = (self.total - self.sent).min(FRAME_MAX);
                     self.hdr = Header {
                         kind: FRAME_DATA,
-                        sig: ctx.name.sig,
+                        sig: self.sig,
                         len: len as u32,
                     }
                     .encode();
@@ -319,12 +357,12 @@ impl RecvSt {
             }
             _ => {}
         }
-        if h.sig != ctx.name.sig {
+        if h.sig != self.sig {
             return Err(CclError::new(
                 ErrorKind::Mismatch,
                 format!(
                     "mismatch: this rank called {} but rank {p} called {}",
-                    ctx.name.what(),
+                    (ctx.name.describe)(&self.sig),
                     (ctx.name.describe)(&h.sig)
                 ),
             )
@@ -489,6 +527,7 @@ pub(crate) fn run(
                 Op::Send { peer, src } => {
                     sends.push(SendSt {
                         peer,
+                        sig: ctx.next_sig(peer, src.len * es, true),
                         src,
                         total: src.len * es,
                         sent: 0,
@@ -506,6 +545,7 @@ pub(crate) fn run(
             };
             recvs.push(RecvSt {
                 peer,
+                sig: ctx.next_sig(peer, dst.len * es, false),
                 dst,
                 acc,
                 total: dst.len * es,

@@ -21,15 +21,15 @@ pub mod error;
 mod exec;
 pub mod link;
 pub mod plan;
+pub mod rdma;
 pub mod reduce;
 pub mod schedule;
-pub mod rdma;
 pub mod shm;
 pub mod sim;
 pub mod tune;
 
 pub use bootstrap::UniqueId;
-pub use comm::{CommConfig, Communicator, Io};
+pub use comm::{CommConfig, Communicator, GroupOp, Io};
 pub use dtype::{DataType, RedOp};
 pub use error::{CclError, ErrorKind, Result};
 pub use plan::{Algorithm, Collective};

@@ -18,9 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use monel_verbs::{
-    AccessFlags, CompletionQueue, ConnectParams, Context, ContextConfig, Device, Gid,
-    MemoryRegion, Mtu, ProtectionDomain, QpCap, QpInitAttr, QpType, QueuePair, RKey, RecvWr,
-    RemoteAddr, RemoteQp, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, CompletionQueue, ConnectParams, Context, ContextConfig, Device, Gid, MemoryRegion,
+    Mtu, ProtectionDomain, QpCap, QpInitAttr, QpType, QueuePair, RKey, RecvWr, RemoteAddr,
+    RemoteQp, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 use nix::poll::PollFlags;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
@@ -112,14 +112,22 @@ impl Nic {
         })
     }
 
-    /// For logs: `dev NAME gid G port P`.
+    /// For logs: `dev NAME gid G udp P`.
     pub fn describe(&self) -> String {
         format!(
             "dev {} gid {} udp {}",
             self.ctx.device().name,
-            self.gid,
+            gid_text(self.gid),
             self.port
         )
+    }
+}
+
+/// A GID as people write it: `::ffff:10.0.0.2` for IPv4-mapped ones.
+fn gid_text(g: Gid) -> String {
+    match g.to_ip() {
+        IpAddr::V4(a) => format!("::ffff:{a}"),
+        IpAddr::V6(a) => a.to_string(),
     }
 }
 
@@ -134,9 +142,7 @@ struct Endpoint {
 
 impl Endpoint {
     fn new(nic: &Nic, ring: usize) -> monel_verbs::Result<Self> {
-        let cq = nic
-            .ctx
-            .create_cq((SQ_DEPTH + RQ_DEPTH) as usize)?;
+        let cq = nic.ctx.create_cq((SQ_DEPTH + RQ_DEPTH) as usize)?;
         let qp = nic.pd.create_qp(&QpInitAttr {
             send_cq: &cq,
             recv_cq: &cq,
@@ -281,8 +287,7 @@ pub fn upgrade(
         }
         mine[j] = Some(ep);
     }
-    let mut staged: Vec<Option<Result<(Endpoint, Offer), String>>> =
-        (0..n).map(|_| None).collect();
+    let mut staged: Vec<Option<Result<(Endpoint, Offer), String>>> = (0..n).map(|_| None).collect();
     for (j, s) in streams.iter_mut().enumerate() {
         let Some(s) = s else { continue };
         let (kind, f) = recv_msg(s)?;
@@ -344,7 +349,7 @@ pub fn upgrade(
                 let desc = format!(
                     "{} -> gid {} udp {} qpn {:#x}, MTU {}, {} KiB ring",
                     nic.describe(),
-                    o.remote.gid,
+                    gid_text(o.remote.gid),
                     o.port,
                     o.remote.qpn.value(),
                     nic.mtu.min(o.mtu).bytes(),
@@ -432,7 +437,10 @@ impl State {
     fn complete(&mut self, wc: &WorkCompletion) {
         if wc.status != WcStatus::Success {
             self.failed.get_or_insert_with(|| {
-                format!("soft RNIC work completion {:?} ({:?})", wc.status, wc.opcode)
+                format!(
+                    "soft RNIC work completion {:?} ({:?})",
+                    wc.status, wc.opcode
+                )
             });
             return;
         }
@@ -683,7 +691,9 @@ impl RdmaLink {
         let closed = match (&self.tcp).read(&mut b) {
             Ok(0) => true,
             Ok(_) => false,
-            Err(e) => e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted,
+            Err(e) => {
+                e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted
+            }
         };
         if closed {
             st.drain();

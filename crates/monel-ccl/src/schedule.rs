@@ -17,6 +17,10 @@ pub enum Buf {
     Output,
     /// Scratch space the executor allocates ([`Schedule::scratch`] elements).
     Scratch,
+    /// The send buffer of a point-to-point group's `i`-th send (bytes).
+    SendPart(u16),
+    /// The receive buffer of a point-to-point group's `i`-th receive (bytes).
+    RecvPart(u16),
 }
 
 /// `len` elements at `off` in `buf`.
@@ -659,8 +663,10 @@ pub fn validate(
     in_place: Option<(usize, usize)>,
 ) -> Result<(), String> {
     // A span's memory: (which allocation, first element, end).
-    let mem = |sp: &Span| -> (u8, usize, usize) {
+    let mem = |sp: &Span| -> (u32, usize, usize) {
         match (sp.buf, in_place) {
+            (Buf::SendPart(i), _) => (3 + 2 * u32::from(i), sp.off, sp.end()),
+            (Buf::RecvPart(i), _) => (4 + 2 * u32::from(i), sp.off, sp.end()),
             (Buf::Input, Some((io, _))) => (1, io + sp.off, io + sp.end()),
             (Buf::Output, Some((_, oo))) => (1, oo + sp.off, oo + sp.end()),
             (Buf::Input, None) => (0, sp.off, sp.end()),
@@ -672,6 +678,8 @@ pub fn validate(
         Buf::Input => sizes[0],
         Buf::Output => sizes[1],
         Buf::Scratch => sizes[2].max(s.scratch),
+        // Point-to-point groups are sized by their caller's buffers.
+        Buf::SendPart(_) | Buf::RecvPart(_) => usize::MAX,
     };
     for (i, st) in s.steps.iter().enumerate() {
         let spans = st.ops.iter().flat_map(|o| match o {

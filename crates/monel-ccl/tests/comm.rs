@@ -6,7 +6,9 @@
 use std::time::{Duration, Instant};
 
 use monel_ccl::comm::Transports;
-use monel_ccl::{CommConfig, Communicator, DataType, ErrorKind, RedOp, UniqueId};
+use monel_ccl::{
+    Collective, CommConfig, Communicator, DataType, ErrorKind, GroupOp, Io, RedOp, UniqueId,
+};
 
 fn f32s(v: impl IntoIterator<Item = f32>) -> Vec<u8> {
     v.into_iter().flat_map(f32::to_le_bytes).collect()
@@ -342,4 +344,136 @@ fn a_wrong_unique_id_is_refused() {
     };
     let e = Communicator::init_rank(2, 1, &wrong, cfg).err().unwrap();
     assert!(e.message.contains("wrong unique id"), "{e}");
+}
+
+#[test]
+fn send_recv_and_groups_over_every_transport() {
+    for (mode, n) in MODES.into_iter().flat_map(|m| [(m, 2), (m, 3)]) {
+        ranks_over(mode, n, Duration::from_secs(20), move |c| {
+            let (r, n) = (c.rank(), c.size());
+            let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+            // A ring shift of a message bigger than any transport's buffering: only a group
+            // lets every rank send and receive at once.
+            let count = 300_000 + r; // sizes differ per pair
+            let out = f32s((0..count).map(|i| (i * 3 + r) as f32));
+            let mut inc = vec![0u8; (count - r + prev) * 4];
+            c.group(vec![
+                GroupOp::Send {
+                    buf: &out,
+                    count,
+                    dtype: DataType::F32,
+                    peer: next,
+                },
+                GroupOp::Recv {
+                    buf: &mut inc,
+                    count: 300_000 + prev,
+                    dtype: DataType::F32,
+                    peer: prev,
+                },
+            ])
+            .unwrap();
+            let want: Vec<f32> = (0..300_000 + prev).map(|i| (i * 3 + prev) as f32).collect();
+            assert_eq!(to_f32(&inc), want, "{mode:?} rank {r}");
+            // Plain send/recv, ordered so nothing waits on itself: 0 -> 1 twice, in order.
+            if r == 0 {
+                c.send(&[7; 5], 5, DataType::U8, 1).unwrap();
+                c.send(&f32s([1.5, 2.5]), 2, DataType::F32, 1).unwrap();
+            } else if r == 1 {
+                let mut a = [0u8; 5];
+                c.recv(&mut a, 5, DataType::U8, 0).unwrap();
+                assert_eq!(a, [7; 5]);
+                let mut b = [0u8; 8];
+                c.recv(&mut b, 2, DataType::F32, 0).unwrap();
+                assert_eq!(to_f32(&b), [1.5, 2.5]);
+            }
+            // A group with a send to self, an all-to-all by hand, and a collective after.
+            let mine: Vec<Vec<u8>> = (0..n).map(|j| vec![(10 * r + j) as u8; 3]).collect();
+            let mut got: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; 3]).collect();
+            let mut sum = f32s([r as f32]);
+            let mut ops: Vec<GroupOp<'_>> = Vec::new();
+            for (j, m) in mine.iter().enumerate() {
+                ops.push(GroupOp::Send {
+                    buf: m,
+                    count: 3,
+                    dtype: DataType::U8,
+                    peer: j,
+                });
+            }
+            for (j, g) in got.iter_mut().enumerate() {
+                ops.push(GroupOp::Recv {
+                    buf: g,
+                    count: 3,
+                    dtype: DataType::U8,
+                    peer: j,
+                });
+            }
+            ops.push(GroupOp::Collective {
+                coll: Collective::AllReduce(RedOp::Sum),
+                dtype: DataType::F32,
+                count: 1,
+                io: Io::InPlace(&mut sum),
+            });
+            c.group(ops).unwrap();
+            for (j, g) in got.iter().enumerate() {
+                assert_eq!(
+                    g,
+                    &vec![(10 * j + r) as u8; 3],
+                    "{mode:?} rank {r} from {j}"
+                );
+            }
+            assert_eq!(to_f32(&sum), [(0..n).sum::<usize>() as f32]);
+        });
+    }
+}
+
+#[test]
+fn mismatched_sends_and_bad_peers_are_errors() {
+    let errs = ranks(2, Duration::from_secs(10), |c| {
+        let e = c.send(&[0; 4], 1, DataType::F32, 2).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+        let e = c.send(&[0; 4], 2, DataType::F32, 1).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+        let e = c.send(&[0; 4], 1, DataType::F32, c.rank()).unwrap_err();
+        assert!(e.message.contains("send to self"), "{e}");
+        // Rank 0 sends 8 bytes where rank 1 expects 4.
+        if c.rank() == 0 {
+            c.send(&[1; 8], 2, DataType::F32, 1).err()
+        } else {
+            let mut b = [0u8; 4];
+            c.recv(&mut b, 1, DataType::F32, 0).err()
+        }
+    });
+    let e = errs[1].as_ref().expect("the receiver sees the mismatch");
+    assert_eq!(e.kind, ErrorKind::Mismatch, "{e}");
+    assert!(
+        e.message.contains("8 bytes") && e.message.contains("4 bytes"),
+        "{e}"
+    );
+}
+
+#[test]
+fn split_by_color_and_key() {
+    let out = ranks(5, Duration::from_secs(20), |c| {
+        let r = c.rank();
+        // Evens and odds, numbered in reverse; rank 4 joins none.
+        let color = if r == 4 { None } else { Some((r % 2) as u32) };
+        let sub = c.split(color, -(r as i64)).unwrap();
+        let got = sub.map(|mut sub| {
+            let mut v = f32s([r as f32]);
+            sub.all_reduce_in_place(&mut v, 1, DataType::F32, RedOp::Sum)
+                .unwrap();
+            (sub.rank(), sub.size(), to_f32(&v)[0])
+        });
+        // The parent still works after the split.
+        let mut w = f32s([1.0]);
+        c.all_reduce_in_place(&mut w, 1, DataType::F32, RedOp::Sum)
+            .unwrap();
+        assert_eq!(to_f32(&w), [5.0]);
+        got
+    });
+    assert_eq!(out[0], Some((1, 2, 2.0)));
+    assert_eq!(out[2], Some((0, 2, 2.0)));
+    assert_eq!(out[1], Some((1, 2, 4.0)));
+    assert_eq!(out[3], Some((0, 2, 4.0)));
+    assert_eq!(out[4], None);
 }
