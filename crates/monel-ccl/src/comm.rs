@@ -484,8 +484,16 @@ impl Communicator {
         }
         // Ranks sharing this host's cores: more of them than cores, and spinning ranks
         // must hand the core over at every idle round.
+        // A peer shares this host when it shares memory or this rank's address (ranks made
+        // to look like other hosts with MONEL_HOST still share the cores).
         let kinds = || links.iter().flatten().map(|l| l.kind());
-        let local = 1 + kinds().filter(|&k| k == "SHM").count();
+        let local = 1 + (0..nranks)
+            .filter(|&j| j != rank)
+            .filter(|&j| {
+                links[j].as_ref().is_some_and(|l| l.kind() == "SHM")
+                    || table[j].data.ip() == mine.data.ip()
+            })
+            .count();
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let yield_every = if local > cores { 1 } else { 64 };
         let costs = tune::Costs::of(kinds(), local as f64 / cores as f64);

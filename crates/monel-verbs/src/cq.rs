@@ -180,6 +180,8 @@ impl CompletionQueue {
         // The caller is about to sleep on the channel and no longer drives the sockets: the
         // progress thread must watch them (it leaves them alone while threads poll).
         if let Some(dev) = self.shared.dev.upgrade() {
+            // Responses this thread deferred to its next post go now: it is not posting.
+            crate::engine::send_deferred(&dev);
             dev.last_poll_ns.store(0, Ordering::SeqCst);
             if !dev.engine_watches.load(Ordering::SeqCst) {
                 dev.ring();

@@ -284,7 +284,7 @@ fn caller_receive(shared: &DevShared) -> bool {
 }
 
 /// An application thread sends what was deferred.
-fn send_deferred(shared: &DevShared) {
+pub(crate) fn send_deferred(shared: &DevShared) {
     with_caller_io(shared.config.batch, |io| {
         service(shared, &mut io.tx, Scope::Deferred)
     });
