@@ -137,7 +137,7 @@ impl CommConfig {
         if let Some(v) = env("MONEL_ALGO") {
             c.algo = Some(Algorithm::parse(&v).ok_or_else(|| {
                 CclError::invalid(format!(
-                    "MONEL_ALGO={v:?}: want ring, direct or deterministic"
+                    "MONEL_ALGO={v:?}: want ring, direct, doubling, halving or deterministic"
                 ))
             })?);
         }
@@ -487,13 +487,14 @@ impl Communicator {
         // A peer shares this host when it shares memory or this rank's address (ranks made
         // to look like other hosts with MONEL_HOST still share the cores).
         let kinds = || links.iter().flatten().map(|l| l.kind());
-        let local = 1 + (0..nranks)
-            .filter(|&j| j != rank)
-            .filter(|&j| {
-                links[j].as_ref().is_some_and(|l| l.kind() == "SHM")
-                    || table[j].data.ip() == mine.data.ip()
-            })
-            .count();
+        let local = 1
+            + (0..nranks)
+                .filter(|&j| j != rank)
+                .filter(|&j| {
+                    links[j].as_ref().is_some_and(|l| l.kind() == "SHM")
+                        || table[j].data.ip() == mine.data.ip()
+                })
+                .count();
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let yield_every = if local > cores { 1 } else { 64 };
         let costs = tune::Costs::of(kinds(), local as f64 / cores as f64);
@@ -550,6 +551,12 @@ impl Communicator {
     /// The configuration.
     pub fn config(&self) -> &CommConfig {
         &self.cfg
+    }
+
+    /// Forces an algorithm for the collectives that have it (as `MONEL_ALGO`), or lets the
+    /// cost model choose again (`None`).
+    pub fn set_algorithm(&mut self, algo: Option<Algorithm>) {
+        self.cfg.algo = algo;
     }
 
     /// The algorithm a call would use.
@@ -949,7 +956,7 @@ impl Communicator {
     /// `color` form one, numbered by `key` (ties by rank here); `None` (`NCCL_SPLIT_NOCOLOR`)
     /// takes part and joins none. Every rank must call it; the new communicator has this
     /// one's configuration and its own connections.
-    pub fn split(&mut self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
+    pub fn split(&mut self, color: Option<u32>, key: i64) -> Result<Option<Self>> {
         let n = self.nranks;
         let mut mine = Vec::with_capacity(16);
         mine.extend(color.map_or(-1, i64::from).to_le_bytes());
@@ -1000,7 +1007,7 @@ impl Communicator {
                 String::from_utf8_lossy(&raw[..end]).parse()?
             }
         };
-        Communicator::init_rank(members.len(), new_rank, &id, self.cfg.clone()).map(Some)
+        Self::init_rank(members.len(), new_rank, &id, self.cfg.clone()).map(Some)
     }
 
     /// Sends `count` elements of `buf` to `peer` (`ncclSend`). It returns once the data is
@@ -1068,7 +1075,7 @@ impl Communicator {
                     "{what}: peer {peer} is not a rank (0..{n})"
                 )));
             }
-            let bytes = count.checked_mul(dtype.size()).unwrap_or(usize::MAX);
+            let bytes = count.saturating_mul(dtype.size());
             if !what.is_empty() && len < bytes {
                 return Err(CclError::invalid(format!(
                     "{what}: buffer has {len} bytes, {count} {dtype} elements need {bytes}"

@@ -93,7 +93,13 @@ impl Collective {
     /// The algorithms this collective has.
     pub fn algorithms(self) -> &'static [Algorithm] {
         match self {
-            Self::AllReduce(_) => &[Algorithm::Ring, Algorithm::Direct, Algorithm::Deterministic],
+            Self::AllReduce(_) => &[
+                Algorithm::Ring,
+                Algorithm::Direct,
+                Algorithm::Doubling,
+                Algorithm::Halving,
+                Algorithm::Deterministic,
+            ],
             Self::Broadcast(_) | Self::Reduce(..) => &[Algorithm::Ring, Algorithm::Direct],
             Self::AllGather | Self::ReduceScatter(_) => &[Algorithm::Ring, Algorithm::Direct],
             Self::AllToAll | Self::Gather(_) | Self::Scatter(_) | Self::Barrier => {
@@ -127,20 +133,35 @@ pub enum Algorithm {
     /// AllReduce with a fixed reduction order, whatever the size (see
     /// [`sch::allreduce_deterministic`]).
     Deterministic,
+    /// AllReduce by recursive doubling: log2 n steps of whole vectors (small messages).
+    Doubling,
+    /// AllReduce by recursive halving and doubling (Rabenseifner): 2 log2 n steps, ring
+    /// bandwidth (mid sizes).
+    Halving,
 }
 
 impl Algorithm {
+    /// Every algorithm.
+    pub const ALL: [Self; 5] = [
+        Self::Ring,
+        Self::Direct,
+        Self::Doubling,
+        Self::Halving,
+        Self::Deterministic,
+    ];
     /// Name as `MONEL_ALGO` takes it.
     pub const fn name(self) -> &'static str {
         match self {
             Self::Ring => "ring",
             Self::Direct => "direct",
             Self::Deterministic => "deterministic",
+            Self::Doubling => "doubling",
+            Self::Halving => "halving",
         }
     }
     /// Parses a name.
     pub fn parse(s: &str) -> Option<Self> {
-        [Self::Ring, Self::Direct, Self::Deterministic]
+        Self::ALL
             .into_iter()
             .find(|a| a.name() == s.to_ascii_lowercase())
     }
@@ -169,6 +190,12 @@ pub fn schedule(
         (Collective::AllReduce(o), Algorithm::Ring) => sch::allreduce_ring(n, r, count, avg(o)),
         (Collective::AllReduce(o), Algorithm::Direct) => {
             sch::allreduce_direct(n, r, count, avg(o), in_place)
+        }
+        (Collective::AllReduce(o), Algorithm::Doubling) => {
+            sch::allreduce_doubling(n, r, count, avg(o))
+        }
+        (Collective::AllReduce(o), Algorithm::Halving) => {
+            sch::allreduce_halving(n, r, count, avg(o))
         }
         (Collective::AllReduce(o), _) => sch::allreduce_deterministic(n, r, count, avg(o)),
         (Collective::Broadcast(root), Algorithm::Ring) => {

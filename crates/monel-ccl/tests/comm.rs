@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use monel_ccl::comm::Transports;
+use monel_ccl::plan::Algorithm;
 use monel_ccl::{
     Collective, CommConfig, Communicator, DataType, ErrorKind, GroupOp, Io, RedOp, UniqueId,
 };
@@ -317,12 +318,7 @@ fn bad_arguments_are_refused_locally_and_the_communicator_lives_on() {
             .unwrap_err();
         assert!(e.message.contains("recvbuff has 8 bytes"), "{e}");
         let e = c
-            .collective(
-                monel_ccl::Collective::AllToAll,
-                DataType::U8,
-                1,
-                monel_ccl::Io::InPlace(&mut out),
-            )
+            .collective(Collective::AllToAll, DataType::U8, 1, Io::InPlace(&mut out))
             .unwrap_err();
         assert!(e.message.contains("no in-place form"), "{e}");
         // Still usable.
@@ -476,4 +472,30 @@ fn split_by_color_and_key() {
     assert_eq!(out[1], Some((1, 2, 4.0)));
     assert_eq!(out[3], Some((0, 2, 4.0)));
     assert_eq!(out[4], None);
+}
+
+#[test]
+fn every_allreduce_algorithm_over_real_transports() {
+    for mode in [Mode::Shm(4096), Mode::Rdma(8192), Mode::Tcp] {
+        for n in [3, 4] {
+            ranks_over(mode, n, Duration::from_secs(20), move |c| {
+                let (r, n) = (c.rank(), c.size());
+                for algo in Algorithm::ALL {
+                    let count = 5000 + 1;
+                    let mine = f32s((0..count).map(|i| (i % 7) as f32 * (r + 1) as f32));
+                    let mut out = vec![0u8; count * 4];
+                    c.set_algorithm(Some(algo));
+                    c.all_reduce(&mine, &mut out, count, DataType::F32, RedOp::Sum)
+                        .unwrap();
+                    let tri = (n * (n + 1) / 2) as f32;
+                    let want: Vec<f32> = (0..count).map(|i| (i % 7) as f32 * tri).collect();
+                    assert_eq!(to_f32(&out), want, "{mode:?} {} rank {r}", algo.name());
+                    assert_eq!(
+                        c.algorithm_for(Collective::AllReduce(RedOp::Sum), DataType::F32, count),
+                        algo
+                    );
+                }
+            });
+        }
+    }
 }

@@ -282,7 +282,13 @@ fn deterministic_allreduce_bits_agree() {
             })
             .collect();
         let mut results = Vec::new();
-        for algo in [Algorithm::Deterministic, Algorithm::Direct, Algorithm::Ring] {
+        for algo in [
+            Algorithm::Deterministic,
+            Algorithm::Direct,
+            Algorithm::Ring,
+            Algorithm::Doubling,
+            Algorithm::Halving,
+        ] {
             let scheds: Vec<_> = (0..n)
                 .map(|r| {
                     plan::schedule(
