@@ -137,7 +137,7 @@ impl CommConfig {
         if let Some(v) = env("MONEL_ALGO") {
             c.algo = Some(Algorithm::parse(&v).ok_or_else(|| {
                 CclError::invalid(format!(
-                    "MONEL_ALGO={v:?}: want ring, direct, doubling, halving or deterministic"
+                    "MONEL_ALGO={v:?}: want ring, direct, doubling, halving, tree or deterministic"
                 ))
             })?);
         }

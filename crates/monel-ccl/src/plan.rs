@@ -98,6 +98,7 @@ impl Collective {
                 Algorithm::Direct,
                 Algorithm::Doubling,
                 Algorithm::Halving,
+                Algorithm::Tree,
                 Algorithm::Deterministic,
             ],
             Self::Broadcast(_) | Self::Reduce(..) => &[Algorithm::Ring, Algorithm::Direct],
@@ -138,15 +139,18 @@ pub enum Algorithm {
     /// AllReduce by recursive halving and doubling (Rabenseifner): 2 log2 n steps, ring
     /// bandwidth (mid sizes).
     Halving,
+    /// AllReduce over a double binary tree, pipelined: log2 n latency, ring-like data.
+    Tree,
 }
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Ring,
         Self::Direct,
         Self::Doubling,
         Self::Halving,
+        Self::Tree,
         Self::Deterministic,
     ];
     /// Name as `MONEL_ALGO` takes it.
@@ -157,6 +161,7 @@ impl Algorithm {
             Self::Deterministic => "deterministic",
             Self::Doubling => "doubling",
             Self::Halving => "halving",
+            Self::Tree => "tree",
         }
     }
     /// Parses a name.
@@ -196,6 +201,9 @@ pub fn schedule(
         }
         (Collective::AllReduce(o), Algorithm::Halving) => {
             sch::allreduce_halving(n, r, count, avg(o))
+        }
+        (Collective::AllReduce(o), Algorithm::Tree) => {
+            sch::allreduce_tree(n, r, count, slice, avg(o))
         }
         (Collective::AllReduce(o), _) => sch::allreduce_deterministic(n, r, count, avg(o)),
         (Collective::Broadcast(root), Algorithm::Ring) => {

@@ -533,6 +533,169 @@ pub fn allreduce_halving(n: usize, r: usize, count: usize, avg: bool) -> Schedul
     })
 }
 
+/// A binary tree over ranks in heap order of positions: position p has children 2p+1 and
+/// 2p+2; `mirror` numbers positions from the last rank down, so the ranks that are leaves in
+/// one tree are interior in the other (NCCL's double binary tree).
+#[derive(Clone, Copy)]
+struct HeapTree {
+    n: usize,
+    mirror: bool,
+}
+
+impl HeapTree {
+    fn rank(&self, pos: usize) -> usize {
+        if self.mirror { self.n - 1 - pos } else { pos }
+    }
+    fn pos(&self, rank: usize) -> usize {
+        if self.mirror { self.n - 1 - rank } else { rank }
+    }
+    fn parent(&self, r: usize) -> Option<usize> {
+        let p = self.pos(r);
+        (p > 0).then(|| self.rank((p - 1) / 2))
+    }
+    fn children(&self, r: usize) -> Vec<usize> {
+        let p = self.pos(r);
+        [2 * p + 1, 2 * p + 2]
+            .into_iter()
+            .filter(|&c| c < self.n)
+            .map(|c| self.rank(c))
+            .collect()
+    }
+    fn depth(&self, r: usize) -> usize {
+        (self.pos(r) + 1).ilog2() as usize
+    }
+}
+
+/// Rank r's part of a pipelined reduce up `tree` then broadcast down it, over `range` of the
+/// vector in slices, written into `steps` (grown as needed). Slice k leaves a node at depth d
+/// for its parent at step k + D - d (D the tree's depth), once both children's copies are in:
+/// the first reduced straight into `Output` with the input, the second landed in scratch and
+/// reduced at the next step, so the order of reduction is fixed. The root's result for slice
+/// k goes down at step k + D, reaching depth d at step k + D + d - 1.
+fn tree_allreduce_steps(
+    steps: &mut Vec<Vec<Op>>,
+    tree: HeapTree,
+    r: usize,
+    range: Range<usize>,
+    slice: usize,
+) {
+    let big_d = tree.depth(tree.rank(tree.n - 1));
+    let d = tree.depth(r);
+    let kids = tree.children(r);
+    let parent = tree.parent(r);
+    let at = |steps: &mut Vec<Vec<Op>>, t: usize| -> usize {
+        if steps.len() <= t {
+            steps.resize_with(t + 1, Vec::new);
+        }
+        t
+    };
+    for (k, sl) in split_slices(range.len(), slice).into_iter().enumerate() {
+        let sl = range.start + sl.start..range.start + sl.end;
+        let out = Span::of(Buf::Output, sl.clone());
+        let input = Span::of(Buf::Input, sl.clone());
+        let up = k + big_d - d;
+        // Children's copies arrive the step before this node sends up (or, at the root,
+        // before it sends down).
+        let ready = match kids.as_slice() {
+            [] => {
+                if parent.is_some() {
+                    let t = at(steps, up);
+                    steps[t].push(Op::Send {
+                        peer: parent.expect("checked"),
+                        src: input,
+                    });
+                } else {
+                    let t = at(steps, up);
+                    steps[t].push(Op::Copy {
+                        src: input,
+                        dst: out,
+                    });
+                }
+                out
+            }
+            [a, rest @ ..] => {
+                let t = at(steps, up - 1);
+                steps[t].push(Op::RecvReduce {
+                    peer: *a,
+                    acc: input,
+                    dst: out,
+                });
+                if let [b] = rest {
+                    let staged = Span::of(Buf::Scratch, sl.clone());
+                    steps[t].push(Op::Recv {
+                        peer: *b,
+                        dst: staged,
+                        reduce: false,
+                    });
+                    let t = at(steps, up);
+                    steps[t].push(Op::Reduce {
+                        src: staged,
+                        dst: out,
+                    });
+                }
+                if let Some(p) = parent {
+                    let t = at(steps, up);
+                    steps[t].push(Op::Send { peer: p, src: out });
+                }
+                out
+            }
+        };
+        // Down: from the parent at k + D + d - 1, to the children at k + D + d.
+        if let Some(p) = parent {
+            let t = at(steps, k + big_d + d - 1);
+            steps[t].push(Op::Recv {
+                peer: p,
+                dst: ready,
+                reduce: false,
+            });
+        }
+        for &c in &kids {
+            let t = at(steps, k + big_d + d);
+            steps[t].push(Op::Send {
+                peer: c,
+                src: ready,
+            });
+        }
+    }
+}
+
+/// AllReduce over a double binary tree (NCCL's tree): each half of the vector is reduced up
+/// one of two binary trees and broadcast back down it, pipelined in slices of `slice`
+/// elements; a rank that is a leaf of one tree is interior in the other, so both halves keep
+/// every rank busy. log2 n latency, about the data of a ring.
+pub fn allreduce_tree(n: usize, r: usize, count: usize, slice: usize, avg: bool) -> Schedule {
+    let all = Span::of(Buf::Output, 0..count);
+    let mut s = Schedule {
+        scratch: count,
+        ..Schedule::default()
+    };
+    if n == 1 || count == 0 {
+        s.step().push(Op::Copy {
+            src: Span::of(Buf::Input, 0..count),
+            dst: all,
+        });
+        finish_avg(&mut s, avg, all);
+        return s;
+    }
+    let half = count / 2;
+    let mut steps: Vec<Vec<Op>> = Vec::new();
+    for (tree, range) in [
+        (HeapTree { n, mirror: false }, 0..half),
+        (HeapTree { n, mirror: true }, half..count),
+    ] {
+        if !range.is_empty() {
+            tree_allreduce_steps(&mut steps, tree, r, range, slice);
+        }
+    }
+    s.steps = steps
+        .into_iter()
+        .filter(|ops| !ops.is_empty())
+        .map(|ops| Step { ops })
+        .collect();
+    finish_avg(&mut s, avg, all);
+    s
+}
+
 /// AllReduce with a fixed reduction order: rank k gathers chunk k from every rank and reduces
 /// the n contributions in rank order (0, 1, ..., n-1), then a ring all-gather. The bits of
 /// the result depend only on the inputs and n, never on timing or on the size-based choice of

@@ -97,6 +97,14 @@ pub fn predict(
                 + fold * (alpha + 1.5 * s / beta)
                 + 0.25 * s / beta
         }
+        // Two trees of depth log2 n, each carrying half the vector up and down in slices;
+        // an interior rank moves three slices per step per tree.
+        (Collective::AllReduce(_), Algorithm::Tree) => {
+            let half = s / 2.0;
+            let m = ((bytes / 2).div_ceil(chunk.max(1))).max(1) as f64;
+            let depth = f64::from(n.ilog2());
+            (m + 2.0 * depth) * (alpha + 3.0 * (half / m) / beta)
+        }
         (Collective::AllReduce(_), _) => {
             2.0 * (nf - 1.0) * alpha + 2.0 * (nf - 1.0) / nf * s / beta
         }

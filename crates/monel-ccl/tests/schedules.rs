@@ -288,6 +288,7 @@ fn deterministic_allreduce_bits_agree() {
             Algorithm::Ring,
             Algorithm::Doubling,
             Algorithm::Halving,
+            Algorithm::Tree,
         ] {
             let scheds: Vec<_> = (0..n)
                 .map(|r| {
