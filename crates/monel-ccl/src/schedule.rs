@@ -598,19 +598,17 @@ fn tree_allreduce_steps(
         // before it sends down).
         let ready = match kids.as_slice() {
             [] => {
-                if parent.is_some() {
-                    let t = at(steps, up);
-                    steps[t].push(Op::Send {
-                        peer: parent.expect("checked"),
+                let t = at(steps, up);
+                steps[t].push(match parent {
+                    Some(p) => Op::Send {
+                        peer: p,
                         src: input,
-                    });
-                } else {
-                    let t = at(steps, up);
-                    steps[t].push(Op::Copy {
+                    },
+                    None => Op::Copy {
                         src: input,
                         dst: out,
-                    });
-                }
+                    },
+                });
                 out
             }
             [a, rest @ ..] => {
