@@ -26,11 +26,16 @@ pub enum DataType {
     F32,
     /// `ncclFloat64`.
     F64,
+    /// `ncclFloat8e4m3`: OCP FP8 E4M3 (bias 7, no infinities, max 448); reduced in f32,
+    /// rounded to nearest even, saturating at the largest finite value.
+    F8E4M3,
+    /// `ncclFloat8e5m2`: OCP FP8 E5M2 (bias 15, max 57344); as E4M3.
+    F8E5M2,
 }
 
 impl DataType {
     /// Every type, in NCCL's order.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 12] = [
         Self::I8,
         Self::U8,
         Self::I32,
@@ -41,12 +46,14 @@ impl DataType {
         Self::F32,
         Self::F64,
         Self::Bf16,
+        Self::F8E4M3,
+        Self::F8E5M2,
     ];
 
     /// Bytes per element.
     pub const fn size(self) -> usize {
         match self {
-            Self::I8 | Self::U8 => 1,
+            Self::I8 | Self::U8 | Self::F8E4M3 | Self::F8E5M2 => 1,
             Self::F16 | Self::Bf16 => 2,
             Self::I32 | Self::U32 | Self::F32 => 4,
             Self::I64 | Self::U64 | Self::F64 => 8,
@@ -66,12 +73,17 @@ impl DataType {
             Self::Bf16 => "bfloat16",
             Self::F32 => "float",
             Self::F64 => "double",
+            Self::F8E4M3 => "float8e4m3",
+            Self::F8E5M2 => "float8e5m2",
         }
     }
 
     /// True for the floating-point types.
     pub const fn is_float(self) -> bool {
-        matches!(self, Self::F16 | Self::Bf16 | Self::F32 | Self::F64)
+        matches!(
+            self,
+            Self::F16 | Self::Bf16 | Self::F32 | Self::F64 | Self::F8E4M3 | Self::F8E5M2
+        )
     }
 
     /// Parses nccl-tests' and PyTorch's names (`float`, `float32`, `f32`, `half`, `bf16`, ...).
@@ -87,6 +99,8 @@ impl DataType {
             "bfloat16" | "bf16" => Self::Bf16,
             "float" | "float32" | "f32" => Self::F32,
             "double" | "float64" | "f64" => Self::F64,
+            "float8e4m3" | "fp8e4m3" | "e4m3" => Self::F8E4M3,
+            "float8e5m2" | "fp8e5m2" | "e5m2" => Self::F8E5M2,
             _ => return None,
         })
     }
@@ -103,6 +117,8 @@ impl DataType {
             Self::F32 => 7,
             Self::F64 => 8,
             Self::Bf16 => 9,
+            Self::F8E4M3 => 10,
+            Self::F8E5M2 => 11,
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod comm;
 pub mod dtype;
 pub mod error;
 mod exec;
+pub mod fp8;
 pub mod link;
 pub mod plan;
 pub mod rdma;

@@ -7,6 +7,7 @@
 use half::{bf16, f16};
 
 use crate::dtype::{DataType, RedOp};
+use crate::fp8::Fp8;
 
 /// `dst[i] = dst[i] op src[i]` over fixed-size little-endian elements.
 macro_rules! kernel2 {
@@ -79,6 +80,14 @@ macro_rules! dispatch {
                 op
             ))
             .to_bits()),
+            DataType::F8E4M3 => $k!($bufs, u8, 1, |a, b| {
+                let f = Fp8::E4M3;
+                f.from_f32(widened(f.to_f32(a), f.to_f32(b), op))
+            }),
+            DataType::F8E5M2 => $k!($bufs, u8, 1, |a, b| {
+                let f = Fp8::E5M2;
+                f.from_f32(widened(f.to_f32(a), f.to_f32(b), op))
+            }),
         }
     }};
 }
@@ -148,6 +157,16 @@ pub fn divide(buf: &mut [u8], dtype: DataType, n: usize) {
             for d in buf.chunks_exact_mut(2) {
                 let a = bf16::from_bits(u16::from_le_bytes([d[0], d[1]])).to_f32();
                 d.copy_from_slice(&bf16::from_f32(a / n as f32).to_bits().to_le_bytes());
+            }
+        }
+        DataType::F8E4M3 | DataType::F8E5M2 => {
+            let f = if dtype == DataType::F8E4M3 {
+                Fp8::E4M3
+            } else {
+                Fp8::E5M2
+            };
+            for d in buf.iter_mut() {
+                *d = f.from_f32(f.to_f32(*d) / n as f32);
             }
         }
     }

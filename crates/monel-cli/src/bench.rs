@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use anyhow::{Context, bail};
+use monel_ccl::fp8::Fp8;
 use monel_ccl::{Collective, Communicator, DataType, Io, RedOp};
 
 /// Arguments (nccl-tests' names).
@@ -76,8 +77,30 @@ pub(crate) fn encode(t: DataType, x: i64) -> Vec<u8> {
             .to_le_bytes()
             .to_vec(),
         DataType::F32 => (x as f32).to_le_bytes().to_vec(),
+        DataType::F8E4M3 | DataType::F8E5M2 => vec![fp8_of(t).from_f32(x as f32)],
         _ => (x as f64).to_le_bytes().to_vec(),
     }
+}
+
+fn fp8_of(t: DataType) -> Fp8 {
+    if t == DataType::F8E4M3 {
+        Fp8::E4M3
+    } else {
+        Fp8::E5M2
+    }
+}
+
+/// True if `got` is element `want`: exactly, or for FP8, whose integers are exact only up to
+/// 8 or 16, within one rounding per rank (sums round at every step, in an order that depends
+/// on the algorithm).
+fn matches(t: DataType, got: Option<&[u8]>, want: i64, n: usize) -> bool {
+    let Some(got) = got else { return false };
+    if !matches!(t, DataType::F8E4M3 | DataType::F8E5M2) {
+        return got == encode(t, want).as_slice();
+    }
+    let ulp = if t == DataType::F8E4M3 { 0.125 } else { 0.25 };
+    let v = fp8_of(t).to_f32(got[0]);
+    (v - want as f32).abs() <= (want as f32).abs() * ulp * n as f32
 }
 
 /// Rank r's element i: small integers, exact in every type and order.
@@ -392,6 +415,6 @@ pub(crate) fn count_wrong(
     };
     want.iter()
         .enumerate()
-        .filter(|&(i, &w)| out.get(i * es..(i + 1) * es) != Some(encode(t, w).as_slice()))
+        .filter(|&(i, &w)| !matches(t, out.get(i * es..(i + 1) * es), w, n))
         .count()
 }
