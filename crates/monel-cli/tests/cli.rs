@@ -308,8 +308,8 @@ fn launch_reports_a_failed_rank() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown data type"));
 }
 
-/// The main job: three ranks on two simulated hosts, so both shared memory and the network
-/// path carry traffic; every collective verified, the paths printed, the sweep run.
+/// The main job: three ranks on two simulated hosts, so both shared memory and the soft RNIC
+/// carry traffic; every collective verified, the paths printed, the sweep run.
 #[test]
 fn demo_verifies_every_collective_over_both_paths() {
     let out = Command::new(env!("CARGO_BIN_EXE_monel"))
@@ -323,7 +323,7 @@ fn demo_verifies_every_collective_over_both_paths() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(text.contains("rank 0 -> 1 via SHM"), "{text}");
-    assert!(text.contains("rank 0 -> 2 via TCP"), "{text}");
+    assert!(text.contains("rank 0 -> 2 via RoCE soft-RNIC"), "{text}");
     for op in [
         "all_reduce",
         "broadcast",
@@ -340,6 +340,23 @@ fn demo_verifies_every_collective_over_both_paths() {
     assert!(!text.contains("WRONG"), "{text}");
     assert!(
         text.contains("all results verified on every rank"),
+        "{text}"
+    );
+}
+
+/// Without the soft RNIC, the demo's cross-host pairs fall back to TCP and say why.
+#[test]
+fn demo_falls_back_to_tcp_when_rdma_is_forbidden() {
+    let out = Command::new(env!("CARGO_BIN_EXE_monel"))
+        .args(["demo", "-n", "3", "--hosts", "2", "--max-bytes", "64"])
+        .env("MONEL_TRANSPORT", "^rdma")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("rank 0 -> 2 via TCP"), "{text}");
+    assert!(
+        text.contains("not RDMA: the soft RNIC is disabled"),
         "{text}"
     );
 }
