@@ -690,18 +690,7 @@ impl Communicator {
                 sched.steps.len()
             );
         }
-        let mut ctx = Ctx {
-            links: &mut self.links,
-            name: Name {
-                sig,
-                describe: &describe_sig,
-            },
-            deadline: Instant::now() + self.cfg.timeout,
-            spin: self.cfg.spin,
-            yield_every: self.yield_every,
-            p2p: None,
-        };
-        let res = exec::run(&mut ctx, &sched, &mut bufs, &mut self.pool);
+        let res = self.execute(sig, &sched, &mut bufs, false);
         self.scratch = bufs.take_scratch();
         let res = match res {
             Err(e) if e.kind == ErrorKind::Timeout => {
@@ -1177,6 +1166,18 @@ impl Communicator {
             recvs.into_iter().map(|r| r.1).collect(),
             self.nranks,
         );
+        let res = self.execute(sig, &sched, &mut bufs, true);
+        self.conclude(sig, res)
+    }
+
+    /// Runs `sched` over the links within the timeout; `p2p`: with point-to-point numbering.
+    fn execute(
+        &mut self,
+        sig: Signature,
+        sched: &Schedule,
+        bufs: &mut Buffers<'_>,
+        p2p: bool,
+    ) -> Result<()> {
         let mut ctx = Ctx {
             links: &mut self.links,
             name: Name {
@@ -1186,13 +1187,12 @@ impl Communicator {
             deadline: Instant::now() + self.cfg.timeout,
             spin: self.cfg.spin,
             yield_every: self.yield_every,
-            p2p: Some(P2pSeqs {
+            p2p: p2p.then_some(P2pSeqs {
                 send: &mut self.p2p_sent,
                 recv: &mut self.p2p_received,
             }),
         };
-        let res = exec::run(&mut ctx, &sched, &mut bufs, &mut self.pool);
-        self.conclude(sig, res)
+        exec::run(&mut ctx, sched, bufs, &mut self.pool)
     }
 }
 

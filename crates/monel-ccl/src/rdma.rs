@@ -26,7 +26,7 @@ use nix::poll::PollFlags;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 
 use crate::link::Link;
-use crate::shm::{recv_msg, send_msg};
+use crate::shm::{first_text, recv_msg, send_msg};
 
 /// Soft-RNIC transport settings.
 #[derive(Debug, Clone)]
@@ -291,16 +291,12 @@ pub fn upgrade(
     for (j, s) in streams.iter_mut().enumerate() {
         let Some(s) = s else { continue };
         let (kind, f) = recv_msg(s)?;
-        let field = |i: usize| f.get(i).map_or(&[][..], |v| v.as_slice());
         let ep = mine[j].take().expect("offered to every peer");
         let verdict = match (ep, kind) {
             (Err(why), _) => Err(why),
-            (Ok(_), NO_OFFER) => Err(format!(
-                "rank {j} has no soft RNIC: {}",
-                String::from_utf8_lossy(field(0))
-            )),
+            (Ok(_), NO_OFFER) => Err(format!("rank {j} has no soft RNIC: {}", first_text(&f))),
             (Ok(_), k) if k != OFFER => Err(format!("rank {j} sent a garbled RDMA handshake")),
-            (Ok(ep), _) => Offer::decode(field(0)).and_then(|o| {
+            (Ok(ep), _) => Offer::decode(f.first().map_or(&[], |v| v)).and_then(|o| {
                 let nic = nic.as_ref().expect("an endpoint needs the NIC");
                 ep.qp
                     .connect(
@@ -362,7 +358,7 @@ pub fn upgrade(
                 s,
                 format!(
                     "rank {j} could not connect the soft RNIC: {}",
-                    String::from_utf8_lossy(f.first().map_or(&[][..], |v| v))
+                    first_text(&f)
                 ),
             ),
             (Err(why), _) => Via::Tcp(s, why),

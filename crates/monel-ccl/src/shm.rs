@@ -459,6 +459,11 @@ pub(crate) fn send_msg(s: &mut TcpStream, kind: u8, fields: &[&[u8]]) -> io::Res
     s.write_all(&m)
 }
 
+/// A handshake message's first field as text (a peer's reason).
+pub(crate) fn first_text(fields: &[Vec<u8>]) -> String {
+    String::from_utf8_lossy(fields.first().map_or(&[][..], |v| v)).into_owned()
+}
+
 /// Reads one message: its kind and fields.
 pub(crate) fn recv_msg(s: &mut TcpStream) -> io::Result<(u8, Vec<Vec<u8>>)> {
     let mut h = [0u8; 5];
@@ -607,10 +612,7 @@ pub fn upgrade(
         let Some(mut s) = slot.take() else { continue };
         let (kind, f) = recv_msg(&mut s)?;
         let verdict: Result<(Segment, usize), String> = if kind != OFFER {
-            Err(format!(
-                "rank {j} offered none: {}",
-                String::from_utf8_lossy(f.first().map_or(&[][..], |v| v))
-            ))
+            Err(format!("rank {j} offered none: {}", first_text(&f)))
         } else if f.len() < 4 {
             Err("malformed offer".into())
         } else if !cfg.enabled {
@@ -658,10 +660,7 @@ pub fn upgrade(
             (Ok(o), ACCEPT) => Upgrade::Shm(ShmLink::new(o.seg, cap, true, s)?),
             (Ok(_), _) => Upgrade::Tcp(
                 s,
-                format!(
-                    "rank {j} declined shared memory: {}",
-                    String::from_utf8_lossy(f.first().map_or(&[][..], |v| v))
-                ),
+                format!("rank {j} declined shared memory: {}", first_text(&f)),
             ),
             (Err(why), _) => Upgrade::Tcp(s, why),
         });

@@ -111,14 +111,7 @@ impl CompletionQueue {
                 crate::engine::progress_once(&dev);
             }
         }
-        let mut s = self
-            .shared
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let n = max.min(s.wcs.len());
-        out.extend(s.wcs.drain(..n));
-        n
+        self.poll_queued(max, out)
     }
     /// Appends up to `max` completions already queued to `out`, without driving the device
     /// (for a thread about to sleep on the channel: see [`Self::req_notify`]).
