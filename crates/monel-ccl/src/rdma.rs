@@ -15,7 +15,7 @@ use std::io::{self, Read};
 use std::net::{IpAddr, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use monel_verbs::{
     AccessFlags, CompletionQueue, ConnectParams, Context, ContextConfig, Device, Gid, MemoryRegion,
@@ -26,7 +26,7 @@ use nix::poll::PollFlags;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 
 use crate::link::Link;
-use crate::shm::{first_text, recv_msg, send_msg};
+use crate::shm::{bound_reads, first_text, recv_msg, send_msg};
 
 /// Soft-RNIC transport settings.
 #[derive(Debug, Clone)]
@@ -259,12 +259,7 @@ pub fn upgrade(
         return Ok(out);
     }
     let mut streams = streams;
-    for s in streams.iter_mut().flatten() {
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(100));
-        s.set_read_timeout(Some(left))?;
-    }
+    bound_reads(&mut streams, deadline)?;
     let nic: Result<Arc<Nic>, String> = if cfg.enabled {
         Nic::open(cfg, local_ip)
             .map(Arc::new)

@@ -459,6 +459,17 @@ pub(crate) fn send_msg(s: &mut TcpStream, kind: u8, fields: &[&[u8]]) -> io::Res
     s.write_all(&m)
 }
 
+/// Bounds every handshake read on `streams` by `deadline` (at least 100 ms).
+pub(crate) fn bound_reads(streams: &mut [Option<TcpStream>], deadline: Instant) -> io::Result<()> {
+    for s in streams.iter_mut().flatten() {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(100));
+        s.set_read_timeout(Some(left))?;
+    }
+    Ok(())
+}
+
 /// A handshake message's first field as text (a peer's reason).
 pub(crate) fn first_text(fields: &[Vec<u8>]) -> String {
     String::from_utf8_lossy(fields.first().map_or(&[][..], |v| v)).into_owned()
@@ -569,12 +580,7 @@ pub fn upgrade(
 ) -> io::Result<Vec<Option<Upgrade>>> {
     let n = streams.len();
     let mut streams = streams;
-    for s in streams.iter_mut().flatten() {
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(100));
-        s.set_read_timeout(Some(left))?;
-    }
+    bound_reads(&mut streams, deadline)?;
     let host = cfg.host.clone().unwrap_or_default();
     let cap = cfg.ring.next_power_of_two().max(PAGE);
     // Offers to every higher rank first (small writes: never block), then answers to every
