@@ -1043,38 +1043,46 @@ impl Communicator {
         let mut sends: Vec<(usize, &[u8])> = Vec::new();
         let mut recvs: Vec<(usize, &mut [u8])> = Vec::new();
         let mut colls = Vec::new();
-        for op in ops {
-            let (what, peer, count, dtype, len) = match &op {
-                GroupOp::Send {
-                    buf,
-                    count,
-                    dtype,
-                    peer,
-                } => ("send", *peer, *count, *dtype, buf.len()),
-                GroupOp::Recv {
-                    buf,
-                    count,
-                    dtype,
-                    peer,
-                } => ("recv", *peer, *count, *dtype, buf.len()),
-                GroupOp::Collective { .. } => ("", 0, 0, DataType::U8, 0),
-            };
-            if !what.is_empty() && peer >= n {
+        // The message's bytes, once its peer and buffer are checked.
+        let bytes_of = |what: &str, peer: usize, count: usize, dtype: DataType, len: usize| {
+            if peer >= n {
                 return Err(CclError::invalid(format!(
                     "{what}: peer {peer} is not a rank (0..{n})"
                 )));
             }
             let bytes = count.saturating_mul(dtype.size());
-            if !what.is_empty() && len < bytes {
+            if len < bytes {
                 return Err(CclError::invalid(format!(
                     "{what}: buffer has {len} bytes, {count} {dtype} elements need {bytes}"
                 )));
             }
+            Ok(bytes)
+        };
+        // Empty messages are no-ops on both sides (as in NCCL).
+        for op in ops {
             match op {
-                // Empty messages are no-ops on both sides (as in NCCL).
-                GroupOp::Send { .. } | GroupOp::Recv { .. } if bytes == 0 => {}
-                GroupOp::Send { buf, peer, .. } => sends.push((peer, &buf[..bytes])),
-                GroupOp::Recv { buf, peer, .. } => recvs.push((peer, &mut buf[..bytes])),
+                GroupOp::Send {
+                    buf,
+                    count,
+                    dtype,
+                    peer,
+                } => {
+                    let b = bytes_of("send", peer, count, dtype, buf.len())?;
+                    if b > 0 {
+                        sends.push((peer, &buf[..b]));
+                    }
+                }
+                GroupOp::Recv {
+                    buf,
+                    count,
+                    dtype,
+                    peer,
+                } => {
+                    let b = bytes_of("recv", peer, count, dtype, buf.len())?;
+                    if b > 0 {
+                        recvs.push((peer, &mut buf[..b]));
+                    }
+                }
                 GroupOp::Collective {
                     coll,
                     dtype,

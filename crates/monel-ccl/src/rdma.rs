@@ -133,6 +133,7 @@ fn gid_text(g: Gid) -> String {
 
 /// One side's half of a pair before the peer's details are known.
 struct Endpoint {
+    nic: Arc<Nic>,
     qp: QueuePair,
     cq: CompletionQueue,
     rx: MemoryRegion,
@@ -141,7 +142,7 @@ struct Endpoint {
 }
 
 impl Endpoint {
-    fn new(nic: &Nic, ring: usize) -> monel_verbs::Result<Self> {
+    fn new(nic: &Arc<Nic>, ring: usize) -> monel_verbs::Result<Self> {
         let cq = nic.ctx.create_cq((SQ_DEPTH + RQ_DEPTH) as usize)?;
         let qp = nic.pd.create_qp(&QpInitAttr {
             send_cq: &cq,
@@ -161,6 +162,7 @@ impl Endpoint {
         Ok(Self {
             rx: nic.pd.reg_mr(vec![0; ring], remote)?,
             credit_in: nic.pd.reg_mr(vec![0; 16], remote)?,
+            nic: nic.clone(),
             qp,
             cq,
             psn: monel_verbs::random_psn(),
@@ -168,7 +170,8 @@ impl Endpoint {
     }
 
     /// The offer: QPN, PSN, GID, UDP port, MTU, then the ring and credit word.
-    fn offer(&self, nic: &Nic) -> Vec<u8> {
+    fn offer(&self) -> Vec<u8> {
+        let nic = &self.nic;
         let mut b = Vec::with_capacity(OFFER_LEN);
         b.extend(self.qp.qp_num().value().to_le_bytes());
         b.extend(self.psn.value().to_le_bytes());
@@ -271,14 +274,12 @@ pub fn upgrade(
     let mut mine: Vec<Option<Result<Endpoint, String>>> = (0..n).map(|_| None).collect();
     for (j, s) in streams.iter_mut().enumerate() {
         let Some(s) = s else { continue };
-        let ep = match &nic {
-            Ok(nic) => Endpoint::new(nic, cfg.ring).map_err(|e| e.to_string()),
-            Err(why) => Err(why.clone()),
-        };
-        match (&ep, &nic) {
-            (Ok(ep), Ok(nic)) => send_msg(s, OFFER, &[&ep.offer(nic)])?,
-            (Err(why), _) => send_msg(s, NO_OFFER, &[why.as_bytes()])?,
-            (Ok(_), Err(_)) => unreachable!("an endpoint needs the NIC"),
+        let ep = nic
+            .clone()
+            .and_then(|nic| Endpoint::new(&nic, cfg.ring).map_err(|e| e.to_string()));
+        match &ep {
+            Ok(ep) => send_msg(s, OFFER, &[&ep.offer()])?,
+            Err(why) => send_msg(s, NO_OFFER, &[why.as_bytes()])?,
         }
         mine[j] = Some(ep);
     }
@@ -292,7 +293,7 @@ pub fn upgrade(
             (Ok(_), NO_OFFER) => Err(format!("rank {j} has no soft RNIC: {}", first_text(&f))),
             (Ok(_), k) if k != OFFER => Err(format!("rank {j} sent a garbled RDMA handshake")),
             (Ok(ep), _) => Offer::decode(f.first().map_or(&[], |v| v)).and_then(|o| {
-                let nic = nic.as_ref().expect("an endpoint needs the NIC");
+                let nic = &ep.nic;
                 ep.qp
                     .connect(
                         &o.remote,
@@ -336,7 +337,7 @@ pub fn upgrade(
         let v = staged[j].take().expect("answered every peer");
         out[j] = Some(match (v, kind) {
             (Ok((ep, o)), READY) => {
-                let nic = nic.as_ref().expect("an endpoint needs the NIC").clone();
+                let nic = &ep.nic;
                 let desc = format!(
                     "{} -> gid {} udp {} qpn {:#x}, MTU {}, {} KiB ring",
                     nic.describe(),
@@ -346,7 +347,7 @@ pub fn upgrade(
                     nic.mtu.min(o.mtu).bytes(),
                     ep.rx.len() >> 10
                 );
-                let link = RdmaLink::new(nic, ep, o, s)?;
+                let link = RdmaLink::new(ep, o, s)?;
                 Via::Rdma(Box::new(link), desc)
             }
             (Ok(_), _) => Via::Tcp(
@@ -621,7 +622,8 @@ pub struct RdmaLink {
 }
 
 impl RdmaLink {
-    fn new(nic: Arc<Nic>, ep: Endpoint, o: Offer, tcp: TcpStream) -> io::Result<Self> {
+    fn new(ep: Endpoint, o: Offer, tcp: TcpStream) -> io::Result<Self> {
+        let nic = ep.nic;
         let tx = nic
             .pd
             .reg_mr(vec![0; o.ring_len], AccessFlags::NONE)

@@ -165,20 +165,15 @@ pub(crate) fn run(shared: &DevShared) {
         let t0 = now(shared).as_nanos();
         // Nanosecond timeouts: pacing gaps and retransmit timers are microseconds apart.
         // While application threads poll, they may leave ACKs for this thread's next pass.
-        let polled_at = |s: &DevShared| {
-            let at = s.last_poll_ns.load(Ordering::SeqCst);
-            at != 0 && t0.saturating_sub(at) < POLLED_NS
-        };
-        let mut polled = polled_at(shared);
+        // Not watching until the poll time is read: a thread that arms a completion channel
+        // meanwhile (resetting `last_poll_ns`, see `CompletionQueue::req_notify`) either sees
+        // this and rings, or its reset is seen here.
+        shared.engine_watches.store(false, Ordering::SeqCst);
+        let at = shared.last_poll_ns.load(Ordering::SeqCst);
+        let polled = at != 0 && t0.saturating_sub(at) < POLLED_NS;
         shared
             .engine_watches
             .store(!(callers || polled), Ordering::SeqCst);
-        // A thread that armed a completion channel meanwhile saw `engine_watches` false and
-        // rang, or this sees its reset of `last_poll_ns` (see `CompletionQueue::req_notify`).
-        if polled && !polled_at(shared) {
-            polled = false;
-            shared.engine_watches.store(!callers, Ordering::SeqCst);
-        }
         let cap = if callers || polled {
             CALLER_SLEEP_NS
         } else {
