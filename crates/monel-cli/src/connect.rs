@@ -37,6 +37,9 @@ pub(crate) struct ConnArgs {
     /// DCQCN congestion control, with this line rate in Gb/s (reacts to ECN marks via CNPs).
     #[arg(long, value_name = "GBPS")]
     pub(crate) dcqcn: Option<f64>,
+    /// Plain datagrams only: no UDP segmentation offload (GSO) or GRO.
+    #[arg(long = "no-gso")]
+    pub(crate) no_gso: bool,
 }
 
 /// A connected QP and everything it hangs off.
@@ -75,6 +78,7 @@ pub(crate) fn open(
             udp_port: a.udp_port,
             busy_poll: a.busy,
             congestion,
+            gso: !a.no_gso,
             ..ContextConfig::default()
         },
     )?;

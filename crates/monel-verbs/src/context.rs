@@ -56,6 +56,10 @@ pub struct ContextConfig {
     pub congestion: CongestionConfig,
     /// Datagrams per sendmmsg/recvmmsg batch.
     pub batch: usize,
+    /// UDP segmentation offload: a run of equal-size packets to one peer leaves as one GSO
+    /// message, each segment's ICRC computed for the IPv4 ID the kernel will give it; and
+    /// UDP GRO on receive. Falls back to plain datagrams if the kernel refuses.
+    pub gso: bool,
 }
 
 impl Default for ContextConfig {
@@ -67,6 +71,7 @@ impl Default for ContextConfig {
             ecn: true,
             congestion: CongestionConfig::None,
             batch: 32,
+            gso: true,
         }
     }
 }

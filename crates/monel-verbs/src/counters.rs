@@ -17,8 +17,8 @@ pub struct DeviceCounters {
     pub tx_bytes: u64,
     /// Dropped: ICRC wrong.
     pub icrc_errors: u64,
-    /// Accepted IPv4 packets whose ICRC only matched after solving for the IP ID (senders
-    /// such as rxe that number their datagrams).
+    /// Accepted IPv4 packets whose ICRC only matched after solving for the IP ID (segments
+    /// of a GSO message after the first, senders such as rxe that number their datagrams).
     pub icrc_ip_id_solved: u64,
     /// Dropped: no QP with that number.
     pub unknown_qpn: u64,
@@ -34,6 +34,10 @@ pub struct DeviceCounters {
     pub tx_batches: u64,
     /// Number of recvmmsg calls that returned data.
     pub rx_batches: u64,
+    /// Datagrams sent inside GSO messages (the kernel cut them from one buffer).
+    pub tx_segmented: u64,
+    /// Datagrams received coalesced by GRO (several in one buffer).
+    pub rx_coalesced: u64,
     /// Live QPs.
     pub qps: u64,
     /// Live memory regions (including per-QP inline buffers).
@@ -45,7 +49,7 @@ pub struct DeviceCounters {
 impl fmt::Display for DeviceCounters {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let q = &self.qp;
-        let rows: [(&str, u64); 27] = [
+        let rows: [(&str, u64); 29] = [
             ("rx_packets", self.rx_packets),
             ("rx_bytes", self.rx_bytes),
             ("tx_packets", self.tx_packets),
@@ -57,6 +61,8 @@ impl fmt::Display for DeviceCounters {
             ("malformed", self.malformed),
             ("ecn_ce", self.ecn_ce),
             ("tx_errors", self.tx_errors),
+            ("tx_segmented", self.tx_segmented),
+            ("rx_coalesced", self.rx_coalesced),
             ("qps", self.qps),
             ("mrs", self.mrs),
             ("qp_retransmitted", q.retransmitted_packets),

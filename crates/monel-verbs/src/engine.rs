@@ -20,7 +20,7 @@ use nix::sys::time::TimeSpec;
 use crate::context::{Core, DevShared, device_event};
 use crate::cq::CqShared;
 use crate::mr::PdMemory;
-use crate::netio::{RxBatch, RxMeta, TX_HEADROOM, TxBatch};
+use crate::netio::{MAX_DATAGRAM, RxBatch, RxMeta, TX_HEADROOM, TxBatch};
 use crate::qp_kind::QpKind;
 
 fn wire_ip(ip: IpAddr) -> IpAddress {
@@ -31,8 +31,10 @@ fn wire_ip(ip: IpAddr) -> IpAddress {
 }
 
 /// Checks the ICRC of a datagram received on a UDP socket. IPv6: every covered field is known.
-/// IPv4: the IP ID is not visible, so the check assumes 0 (what Monel and other senders with
-/// DF on unconnected sockets send) and otherwise solves for the ID (rxe numbers its packets).
+/// IPv4: the IP ID is not visible, so the check first assumes the ID the datagram most likely
+/// carried (0 from senders with DF on unconnected sockets; k for the k-th segment of a GSO
+/// message, which arrives as the k-th datagram of a coalesced buffer) and otherwise solves
+/// for the ID (rxe numbers its packets).
 pub(crate) struct IcrcChecker {
     bases: HashMap<usize, Ipv4IdBasis>,
 }
@@ -55,7 +57,13 @@ impl IcrcChecker {
         }
     }
 
-    pub(crate) fn check(&mut self, src: SocketAddr, dst: SocketAddr, roce: &[u8]) -> IcrcVerdict {
+    pub(crate) fn check(
+        &mut self,
+        src: SocketAddr,
+        dst: SocketAddr,
+        roce: &[u8],
+        likely_id: u16,
+    ) -> IcrcVerdict {
         if roce.len() < 12 + ICRC_LEN {
             return IcrcVerdict::Bad;
         }
@@ -66,7 +74,7 @@ impl IcrcChecker {
             dst_port: dst.port(),
             traffic_class: 0,
             hop_limit: 0,
-            ident: 0,
+            ident: if src.is_ipv4() { likely_id } else { 0 },
             flow_label: 0,
         };
         let hl = framing.header_len();
@@ -89,8 +97,9 @@ impl IcrcChecker {
                 .bases
                 .entry(roce.len())
                 .or_insert_with(|| Ipv4IdBasis::new(roce.len()));
-            if let Some(id) = basis.solve(computed, carried) {
-                return IcrcVerdict::OkWithId(id);
+            // The CRC is affine in the ID: solving from a guess gives guess ^ ID.
+            if let Some(d) = basis.solve(computed, carried) {
+                return IcrcVerdict::OkWithId(d ^ likely_id);
             }
         }
         IcrcVerdict::Bad
@@ -124,14 +133,15 @@ thread_local! {
 }
 
 /// Runs `f` with this thread's I/O state (batches of `batch` datagrams).
-fn with_caller_io<R>(batch: usize, f: impl FnOnce(&mut CallerIo) -> R) -> R {
+fn with_caller_io<R>(shared: &DevShared, f: impl FnOnce(&mut CallerIo) -> R) -> R {
+    let (batch, coalesced) = (shared.config.batch, shared.sockets.gro);
     CALLER_IO.with(|c| {
         let mut c = c.borrow_mut();
         if c.as_ref().is_some_and(|io| io.rx.bufs.len() != batch) {
             *c = None;
         }
         f(c.get_or_insert_with(|| CallerIo {
-            rx: RxBatch::new(batch),
+            rx: RxBatch::new(batch, coalesced),
             tx: TxBatch::new(batch),
             icrc: IcrcChecker::new(),
         }))
@@ -145,7 +155,7 @@ pub(crate) fn run(shared: &DevShared) {
     // Timers of microseconds need the kernel to wake us when asked (default slack: 50 us).
     let _ = nix::sys::prctl::set_timerslack(1_000);
     let n = shared.config.batch;
-    let mut rx = RxBatch::new(n);
+    let mut rx = RxBatch::new(n, shared.sockets.gro);
     let mut tx = TxBatch::new(n);
     let mut icrc = IcrcChecker::new();
     let mut next_timer: Option<Instant> = None;
@@ -223,16 +233,30 @@ fn receive_all(shared: &DevShared, rx: &mut RxBatch, icrc: &mut IcrcChecker) -> 
             let t = now(shared);
             for i in 0..got {
                 let m = rx.meta[i];
-                deliver(
-                    &mut core,
-                    &mut mrs,
-                    icrc,
-                    si,
-                    sock.local,
-                    m,
-                    &rx.bufs[i][..m.len],
-                    t,
-                );
+                if m.truncated || m.seg >= m.len {
+                    deliver(
+                        &mut core,
+                        &mut mrs,
+                        icrc,
+                        si,
+                        sock.local,
+                        m,
+                        &rx.bufs[i][..m.len],
+                        t,
+                    );
+                    continue;
+                }
+                // GRO coalesced datagrams of one size (the last may be shorter).
+                for (k, d) in rx.bufs[i][..m.len].chunks(m.seg).enumerate() {
+                    core.counters.rx_coalesced += 1;
+                    let one = RxMeta {
+                        len: d.len(),
+                        truncated: d.len() > MAX_DATAGRAM,
+                        index: k as u16,
+                        ..m
+                    };
+                    deliver(&mut core, &mut mrs, icrc, si, sock.local, one, d, t);
+                }
             }
             drop(mrs);
             drop(core);
@@ -248,9 +272,7 @@ fn receive_all(shared: &DevShared, rx: &mut RxBatch, icrc: &mut IcrcChecker) -> 
 /// progress thread, and wakes that thread only if the QP now needs a timer sooner than it
 /// planned to wake. Packet order holds: every transmission happens under the device lock.
 pub(crate) fn kick(shared: &DevShared, qpn: u32) {
-    with_caller_io(shared.config.batch, |io| {
-        service(shared, &mut io.tx, Scope::Posted(qpn))
-    });
+    with_caller_io(shared, |io| service(shared, &mut io.tx, Scope::Posted(qpn)));
 }
 
 /// One pass of an application thread polling an empty CQ: sends what was deferred, then
@@ -269,7 +291,7 @@ pub(crate) fn progress_once(shared: &DevShared) {
 /// An application thread receives and processes what the sockets hold, deferring the
 /// responses (so an ACK leaves with its next post). Returns true if anything was received.
 fn caller_receive(shared: &DevShared) -> bool {
-    with_caller_io(shared.config.batch, |io| {
+    with_caller_io(shared, |io| {
         let got = receive_all(shared, &mut io.rx, &mut io.icrc) > 0;
         if got {
             service(shared, &mut io.tx, Scope::Received);
@@ -280,9 +302,7 @@ fn caller_receive(shared: &DevShared) -> bool {
 
 /// An application thread sends what was deferred.
 pub(crate) fn send_deferred(shared: &DevShared) {
-    with_caller_io(shared.config.batch, |io| {
-        service(shared, &mut io.tx, Scope::Deferred)
-    });
+    with_caller_io(shared, |io| service(shared, &mut io.tx, Scope::Deferred));
 }
 
 /// Deferred transmissions leave with the caller's next post, or within the progress
@@ -398,7 +418,7 @@ fn deliver(
             return;
         }
     }
-    match icrc.check(m.src, local, bytes) {
+    match icrc.check(m.src, local, bytes, m.index) {
         IcrcVerdict::Ok => {}
         IcrcVerdict::OkWithId(_) => c.icrc_ip_id_solved += 1,
         IcrcVerdict::Bad => {
@@ -447,10 +467,11 @@ fn deliver(
 }
 
 fn flush(tx: &mut TxBatch, shared: &DevShared, c: &mut crate::DeviceCounters) {
-    let (sent, failed, calls) = tx.flush(&shared.sockets);
-    c.tx_packets += sent;
-    c.tx_errors += failed;
-    c.tx_batches += calls;
+    let f = tx.flush(&shared.sockets);
+    c.tx_packets += f.sent;
+    c.tx_errors += f.failed;
+    c.tx_batches += f.calls;
+    c.tx_segmented += f.segmented;
 }
 
 /// Which QPs a [`service`] pass looks at.
@@ -580,8 +601,8 @@ fn framing_to(shared: &DevShared, si: usize, peer: SocketAddr, hop_limit: u8) ->
     }
 }
 
-/// Frames (ICRC included) the `len`-byte RoCE packet just written after the headroom of the
-/// batch's next buffer, and queues it for `peer`.
+/// Queues for `peer` the `len`-byte RoCE packet just written after the headroom of the
+/// batch's next buffer (framed, ICRC included, when the batch is flushed).
 fn queue_packet(
     tx: &mut TxBatch,
     counters: &mut crate::DeviceCounters,
@@ -590,13 +611,11 @@ fn queue_packet(
     peer: SocketAddr,
     len: usize,
 ) {
-    let start = TX_HEADROOM - framing.header_len();
-    if framing.emit(&mut tx.next_buf()[start..], len).is_err() {
+    if tx.push(si, peer, len, *framing) {
+        counters.tx_bytes += len as u64;
+    } else {
         counters.tx_errors += 1;
-        return;
     }
-    counters.tx_bytes += len as u64;
-    tx.items.push((si, peer, TX_HEADROOM, len));
 }
 
 /// Events and overflowed CQs gathered while servicing QPs.
@@ -695,12 +714,23 @@ mod tests {
             } else {
                 IcrcVerdict::OkWithId(ident)
             };
-            assert_eq!(c.check(src, dst, &buf[28..]), want);
+            assert_eq!(c.check(src, dst, &buf[28..], 0), want);
+            // The right guess (a GSO segment's place in a coalesced buffer) needs no solving;
+            // a wrong one still finds the ID.
+            assert_eq!(c.check(src, dst, &buf[28..], ident), IcrcVerdict::Ok);
+            if ident != 0 {
+                assert_eq!(
+                    c.check(src, dst, &buf[28..], 7),
+                    IcrcVerdict::OkWithId(ident)
+                );
+            }
             let mut bad = buf[28..].to_vec();
             bad[14] ^= 0x40;
-            assert_eq!(c.check(src, dst, &bad), IcrcVerdict::Bad);
+            for guess in [0, 7, ident] {
+                assert_eq!(c.check(src, dst, &bad, guess), IcrcVerdict::Bad);
+            }
             let other: SocketAddr = "10.77.0.3:49441".parse().unwrap();
-            assert_eq!(c.check(other, dst, &buf[28..]), IcrcVerdict::Bad);
+            assert_eq!(c.check(other, dst, &buf[28..], 0), IcrcVerdict::Bad);
         }
     }
 }

@@ -18,6 +18,7 @@ mod cq;
 pub mod device;
 mod engine;
 mod error;
+mod gso;
 mod mr;
 mod netio;
 pub mod perf;

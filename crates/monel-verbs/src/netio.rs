@@ -4,16 +4,19 @@
 use std::io::{IoSlice, IoSliceMut};
 use std::net::{IpAddr, SocketAddr, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use monel_wire::{FrameRepr, ICRC_LEN};
 use nix::sys::socket::{
-    ControlMessageOwned, MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg, setsockopt,
-    sockopt,
+    ControlMessage, ControlMessageOwned, MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg,
+    sendmmsg, setsockopt, sockopt,
 };
 use nix::sys::time::TimeSpec;
 
 use crate::context::ContextConfig;
 use crate::device::{Device, is_link_local};
 use crate::error::{Result, VerbsError};
+use crate::gso::{self, Message};
 
 /// Largest datagram accepted: 4096-byte MTU plus every header, with room to spare, so an
 /// oversized packet is seen whole and dropped rather than truncated into something valid.
@@ -24,12 +27,16 @@ pub(crate) const MAX_DATAGRAM: usize = 4096 + 256;
 pub(crate) struct Sock {
     pub(crate) udp: UdpSocket,
     pub(crate) local: SocketAddr,
+    /// Send runs of equal-size packets as one GSO message (cleared if the kernel refuses).
+    gso: AtomicBool,
 }
 
 /// The device's sockets, indexed like its GID table.
 #[derive(Debug)]
 pub(crate) struct Sockets {
     pub(crate) socks: Vec<Sock>,
+    /// The kernel may hand over coalesced datagrams (UDP GRO), up to 64 KiB at once.
+    pub(crate) gro: bool,
 }
 
 fn set_int(fd: RawFd, level: i32, name: i32, val: i32) -> std::io::Result<()> {
@@ -56,6 +63,7 @@ impl Sockets {
     pub(crate) fn bind(device: &Device, config: &ContextConfig) -> Result<Self> {
         const V: &str = "ibv_open_device";
         let mut socks = Vec::new();
+        let mut gro = false;
         for g in &device.gids {
             let ip = g.gid.to_ip();
             let addr = match ip {
@@ -100,10 +108,19 @@ impl Sockets {
             // Best effort: the kernel caps these at rmem_max/wmem_max.
             let _ = setsockopt(&udp, sockopt::RcvBuf, &(4 << 20));
             let _ = setsockopt(&udp, sockopt::SndBuf, &(4 << 20));
+            // GRO: a run of datagrams from one sender arrives as one buffer with its segment
+            // size (on loopback and veth, a GSO message is never cut at all).
+            if config.gso && setsockopt(&udp, sockopt::UdpGroSegment, &true).is_ok() {
+                gro = true;
+            }
             let local = udp.local_addr().map_err(|e| VerbsError::io(V, e))?;
-            socks.push(Sock { udp, local });
+            socks.push(Sock {
+                udp,
+                local,
+                gso: AtomicBool::new(config.gso),
+            });
         }
-        Ok(Self { socks })
+        Ok(Self { socks, gro })
     }
 
     pub(crate) fn local_addr(&self, i: usize) -> Result<SocketAddr> {
@@ -119,9 +136,17 @@ pub(crate) struct RxMeta {
     pub(crate) len: usize,
     pub(crate) src: SocketAddr,
     pub(crate) tos: u8,
-    /// The datagram did not fit the buffer.
+    /// The datagram did not fit the buffer, or is longer than any packet.
     pub(crate) truncated: bool,
+    /// GRO coalesced datagrams of this size (the last may be shorter); else `len`.
+    pub(crate) seg: usize,
+    /// Position in a coalesced buffer: the IPv4 ID the datagram most likely carried (a GSO
+    /// message numbers its segments from 0).
+    pub(crate) index: u16,
 }
+
+/// Room for any UDP payload: what a coalesced (GRO) receive can hold.
+pub(crate) const MAX_COALESCED: usize = 65_536;
 
 /// Buffers for one recvmmsg call.
 pub(crate) struct RxBatch {
@@ -140,17 +165,30 @@ fn to_std(a: &SockaddrStorage) -> Option<SocketAddr> {
 }
 
 impl RxBatch {
-    pub(crate) fn new(n: usize) -> Self {
+    /// Buffers for `n` datagrams; `coalesced`: each takes a GRO receive (64 KiB, touched
+    /// only as far as used).
+    pub(crate) fn new(n: usize, coalesced: bool) -> Self {
+        let size = if coalesced {
+            MAX_COALESCED
+        } else {
+            MAX_DATAGRAM + 1
+        };
         Self {
-            bufs: (0..n).map(|_| vec![0u8; MAX_DATAGRAM + 1]).collect(),
+            bufs: (0..n).map(|_| vec![0u8; size]).collect(),
             meta: Vec::with_capacity(n),
-            headers: MultiHeaders::preallocate(n, Some(nix::cmsg_space!(i32, i32))),
+            headers: Self::headers(n),
         }
+    }
+
+    /// Headers with room for the TOS and GRO control messages.
+    fn headers(n: usize) -> MultiHeaders<SockaddrStorage> {
+        MultiHeaders::preallocate(n, Some(nix::cmsg_space!(i32, i32, i32)))
     }
 
     /// Receives what is queued on `sock` without blocking; fills `meta`. Returns the count.
     pub(crate) fn recv(&mut self, sock: &Sock) -> usize {
         self.meta.clear();
+        let size = self.bufs.first().map_or(0, Vec::len);
         let mut iovs: Vec<[IoSliceMut<'_>; 1]> =
             self.bufs.iter_mut().map(|b| [IoSliceMut::new(b)]).collect();
         let Ok(res) = recvmmsg(
@@ -162,37 +200,79 @@ impl RxBatch {
         ) else {
             return 0;
         };
+        let mut got = 0;
         for m in res {
+            got += 1;
             let Some(src) = m.address.as_ref().and_then(to_std) else {
                 continue;
             };
             let mut tos = 0u8;
+            let mut seg = None;
             if let Ok(cmsgs) = m.cmsgs() {
                 for c in cmsgs {
                     match c {
                         ControlMessageOwned::Ipv4Tos(t) => tos = t,
                         ControlMessageOwned::Ipv6TClass(t) => tos = t as u8,
+                        ControlMessageOwned::UdpGroSegments(g) => {
+                            seg = usize::try_from(g).ok().filter(|&g| g > 0);
+                        }
                         _ => {}
                     }
                 }
             }
+            let len = m.bytes.min(size);
             self.meta.push(RxMeta {
-                len: m.bytes.min(MAX_DATAGRAM + 1),
+                len,
                 src,
                 tos,
-                truncated: m.bytes > MAX_DATAGRAM || m.flags.contains(MsgFlags::MSG_TRUNC),
+                // Too big for one packet (a coalesced buffer is checked datagram by datagram).
+                truncated: m.bytes >= size
+                    || m.flags.contains(MsgFlags::MSG_TRUNC)
+                    || (seg.is_none() && m.bytes > MAX_DATAGRAM),
+                seg: seg.unwrap_or(len),
+                index: 0,
             });
+        }
+        if got > 0 {
+            // The kernel shrank each used header's control length to what it wrote, and nix
+            // does not restore it: fresh headers, or a later GRO size would be cut off.
+            self.headers = Self::headers(self.bufs.len());
         }
         self.meta.len()
     }
 }
 
-/// Packets waiting for one sendmmsg call per socket.
+/// A packet queued for sending: the RoCE packet sits at `TX_HEADROOM..TX_HEADROOM + len` of
+/// its buffer. It is framed (ICRC) when the batch is flushed, once its IPv4 ID is known.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TxItem {
+    pub(crate) si: usize,
+    pub(crate) peer: SocketAddr,
+    pub(crate) len: usize,
+    pub(crate) framing: FrameRepr,
+}
+
+/// What one flush did.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Flushed {
+    pub(crate) sent: u64,
+    pub(crate) failed: u64,
+    pub(crate) calls: u64,
+    /// Packets that left inside GSO messages.
+    pub(crate) segmented: u64,
+}
+
+/// Packets waiting for sendmmsg calls: runs of equal-size packets to one peer leave as GSO
+/// messages where the socket allows (see [`crate::gso`]).
 pub(crate) struct TxBatch {
     pub(crate) bufs: Vec<Vec<u8>>,
-    /// (socket, destination, start, length) per filled buffer.
-    pub(crate) items: Vec<(usize, SocketAddr, usize, usize)>,
-    headers: MultiHeaders<SockaddrStorage>,
+    pub(crate) items: Vec<TxItem>,
+    plain: MultiHeaders<SockaddrStorage>,
+    segmented: MultiHeaders<SockaddrStorage>,
+    mine: Vec<usize>,
+    keyed: Vec<(SocketAddr, usize)>,
+    msgs: Vec<Message>,
+    calls: Vec<(usize, usize, Option<usize>)>,
 }
 
 /// Room in front of each packet for the IP and UDP headers the ICRC needs.
@@ -205,7 +285,12 @@ impl TxBatch {
                 .map(|_| vec![0u8; TX_HEADROOM + MAX_DATAGRAM])
                 .collect(),
             items: Vec::with_capacity(n),
-            headers: MultiHeaders::preallocate(n, None),
+            plain: MultiHeaders::preallocate(n, None),
+            segmented: MultiHeaders::preallocate(n, Some(nix::cmsg_space!(u16))),
+            mine: Vec::with_capacity(n),
+            keyed: Vec::with_capacity(n),
+            msgs: Vec::with_capacity(n),
+            calls: Vec::new(),
         }
     }
     pub(crate) fn is_full(&self) -> bool {
@@ -217,61 +302,166 @@ impl TxBatch {
         &mut self.bufs[i]
     }
 
-    /// Sends everything queued; returns (sent, failed).
-    pub(crate) fn flush(&mut self, socks: &Sockets) -> (u64, u64, u64) {
-        let (mut sent, mut failed, mut calls) = (0, 0, 0);
+    /// Queues the `len`-byte RoCE packet just written after the headroom of the next buffer.
+    /// Returns false (nothing queued) if it cannot be framed.
+    pub(crate) fn push(
+        &mut self,
+        si: usize,
+        peer: SocketAddr,
+        len: usize,
+        framing: FrameRepr,
+    ) -> bool {
+        let hl = framing.header_len();
+        let buf = self.next_buf();
+        if len < 12 + ICRC_LEN
+            || TX_HEADROOM + len > buf.len()
+            || framing
+                .emit_headers(&mut buf[TX_HEADROOM - hl..TX_HEADROOM], len)
+                .is_err()
+        {
+            return false;
+        }
+        self.items.push(TxItem {
+            si,
+            peer,
+            len,
+            framing,
+        });
+        true
+    }
+
+    /// Frames and sends everything queued, socket by socket, in order.
+    pub(crate) fn flush(&mut self, socks: &Sockets) -> Flushed {
+        let mut f = Flushed::default();
         for (si, sock) in socks.socks.iter().enumerate() {
-            let mine: Vec<usize> = (0..self.items.len())
-                .filter(|&i| self.items[i].0 == si)
-                .collect();
-            let mut done = 0;
-            let mut stalls = 0;
-            while done < mine.len() {
-                let part = &mine[done..];
-                let slices: Vec<[IoSlice<'_>; 1]> = part
+            self.mine.clear();
+            self.mine
+                .extend((0..self.items.len()).filter(|&i| self.items[i].si == si));
+            if self.mine.is_empty() {
+                continue;
+            }
+            self.keyed.clear();
+            self.keyed.extend(
+                self.mine
                     .iter()
-                    .map(|&i| {
-                        let (_, _, start, len) = self.items[i];
-                        [IoSlice::new(&self.bufs[i][start..start + len])]
-                    })
-                    .collect();
-                let addrs: Vec<Option<SockaddrStorage>> = part
-                    .iter()
-                    .map(|&i| Some(SockaddrStorage::from(self.items[i].1)))
-                    .collect();
-                calls += 1;
-                match sendmmsg(
-                    sock.udp.as_raw_fd(),
-                    &mut self.headers,
-                    &slices,
-                    &addrs,
-                    [],
-                    MsgFlags::MSG_DONTWAIT,
-                ) {
-                    Ok(r) => {
-                        let n = r.count();
-                        done += n.max(usize::from(n == 0));
-                        sent += n as u64;
-                        failed += u64::from(n == 0);
-                    }
-                    Err(nix::errno::Errno::EAGAIN) if stalls < 100 => {
-                        // Socket buffer full: wait for room rather than drop.
-                        stalls += 1;
-                        let mut p = [nix::poll::PollFd::new(
-                            sock.udp.as_fd(),
-                            nix::poll::PollFlags::POLLOUT,
-                        )];
-                        let _ = nix::poll::poll(&mut p, 10u16);
-                    }
-                    Err(_) => {
-                        // Unreachable peer, EMSGSIZE...: the packet is lost; RC retransmits.
-                        done += 1;
-                        failed += 1;
-                    }
+                    .map(|&i| (self.items[i].peer, self.items[i].len)),
+            );
+            if sock.gso.load(Ordering::Relaxed) {
+                gso::plan(&self.keyed, &mut self.msgs);
+            } else {
+                self.msgs.clear();
+                self.msgs
+                    .extend(self.keyed.iter().enumerate().map(|(k, p)| Message {
+                        first: k,
+                        count: 1,
+                        seg: p.1,
+                    }));
+            }
+            // The ICRC now that the IPv4 IDs are known: the k-th segment of a message gets k.
+            for m in &self.msgs {
+                for k in 0..m.count {
+                    let i = self.mine[m.first + k];
+                    let it = self.items[i];
+                    let mut framing = it.framing;
+                    framing.ident = k as u16;
+                    let start = TX_HEADROOM - framing.header_len();
+                    // Checked by `push`.
+                    let _ = framing.emit(&mut self.bufs[i][start..], it.len);
                 }
+            }
+            gso::calls(&self.msgs, self.bufs.len(), &mut self.calls);
+            for c in 0..self.calls.len() {
+                let (a, b, seg) = self.calls[c];
+                self.send_call(sock, a, b, seg, &mut f);
             }
         }
         self.items.clear();
-        (sent, failed, calls)
+        f
+    }
+
+    /// Sends messages `a..b` of the current socket's plan in sendmmsg calls, waiting for
+    /// room when the socket buffer is full.
+    fn send_call(&mut self, sock: &Sock, a: usize, b: usize, seg: Option<usize>, f: &mut Flushed) {
+        let msgs = &self.msgs[a..b];
+        let iov: Vec<IoSlice<'_>> = msgs
+            .iter()
+            .flat_map(|m| self.mine[m.first..m.first + m.count].iter())
+            .map(|&i| IoSlice::new(&self.bufs[i][TX_HEADROOM..TX_HEADROOM + self.items[i].len]))
+            .collect();
+        let mut slices: Vec<&[IoSlice<'_>]> = Vec::with_capacity(msgs.len());
+        let mut at = 0;
+        for m in msgs {
+            slices.push(&iov[at..at + m.count]);
+            at += m.count;
+        }
+        let addrs: Vec<Option<SockaddrStorage>> = msgs
+            .iter()
+            .map(|m| Some(SockaddrStorage::from(self.items[self.mine[m.first]].peer)))
+            .collect();
+        let gso_size = seg.and_then(|g| u16::try_from(g).ok());
+        let (mut done, mut stalls) = (0, 0);
+        while done < msgs.len() {
+            f.calls += 1;
+            let r = match &gso_size {
+                Some(g) => sendmmsg(
+                    sock.udp.as_raw_fd(),
+                    &mut self.segmented,
+                    &slices[done..],
+                    &addrs[done..],
+                    [ControlMessage::UdpGsoSegments(g)],
+                    MsgFlags::MSG_DONTWAIT,
+                ),
+                None => sendmmsg(
+                    sock.udp.as_raw_fd(),
+                    &mut self.plain,
+                    &slices[done..],
+                    &addrs[done..],
+                    [],
+                    MsgFlags::MSG_DONTWAIT,
+                ),
+            };
+            match r {
+                Ok(r) => {
+                    let n = r.count();
+                    for m in &msgs[done..done + n] {
+                        f.sent += m.count as u64;
+                        if m.count > 1 {
+                            f.segmented += m.count as u64;
+                        }
+                    }
+                    done += n;
+                    if n == 0 {
+                        f.failed += msgs[done].count as u64;
+                        done += 1;
+                    }
+                }
+                Err(nix::errno::Errno::EAGAIN) if stalls < 100 => {
+                    // Socket buffer full: wait for room rather than drop.
+                    stalls += 1;
+                    let mut p = [nix::poll::PollFd::new(
+                        sock.udp.as_fd(),
+                        nix::poll::PollFlags::POLLOUT,
+                    )];
+                    let _ = nix::poll::poll(&mut p, 10u16);
+                }
+                Err(e) => {
+                    // Unreachable peer, EMSGSIZE...: the packets are lost; RC retransmits. A
+                    // kernel or route that refuses segmentation gets plain datagrams from now.
+                    if msgs[done].count > 1
+                        && matches!(
+                            e,
+                            nix::errno::Errno::EINVAL
+                                | nix::errno::Errno::EIO
+                                | nix::errno::Errno::EOPNOTSUPP
+                                | nix::errno::Errno::ENOPROTOOPT
+                        )
+                    {
+                        sock.gso.store(false, Ordering::Relaxed);
+                    }
+                    f.failed += msgs[done].count as u64;
+                    done += 1;
+                }
+            }
+        }
     }
 }
