@@ -1,8 +1,9 @@
 #!/bin/bash
 # Soft RNIC vs raw UDP on loopback, two processes each, interleaved runs; prints medians and
 # ratios. RC WRITE of 64 KiB messages (MTU 4096) against sendmmsg of 4112-byte datagrams in
-# batches of 32 (the RNIC's own batch); 8-byte SEND ping-pong against an 8-byte UDP ping-pong,
-# both sleeping in the kernel between messages, then both spinning (--busy).
+# batches of 32 (the RNIC's own batch), both with UDP GSO/GRO (up to 15 datagrams per
+# message) and both without (--no-gso); 8-byte SEND ping-pong against an 8-byte UDP
+# ping-pong, both sleeping in the kernel between messages, then both spinning (--busy).
 #   scripts/verbs-bench.sh [RUNS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +22,7 @@ pair() { # test extra-args... ; prints the client's output
 }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 : > /tmp/monel-bench-udpbw.$$; : > /tmp/monel-bench-wbw.$$; : > /tmp/monel-bench-cpu.$$
+: > /tmp/monel-bench-udpbw0.$$; : > /tmp/monel-bench-wbw0.$$; : > /tmp/monel-bench-cpu0.$$
 : > /tmp/monel-bench-udplat.$$; : > /tmp/monel-bench-slat.$$
 : > /tmp/monel-bench-budplat.$$; : > /tmp/monel-bench-bslat.$$
 for i in $(seq "$runs"); do
@@ -28,17 +30,24 @@ for i in $(seq "$runs"); do
   out=$(pair write-bw -s 65536 -n 20000 | tail -1)
   echo "$out" | sed -n 's/.*\[\([0-9.]*\) Gb\/s.*/\1/p' >> /tmp/monel-bench-wbw.$$
   echo "$out" | sed -n 's/.*Gb\/s, \([0-9.]*\) CPU.*/\1/p' >> /tmp/monel-bench-cpu.$$
+  pair udp-bw -n 20000 --no-gso | sed -n 's/.*delivered \([0-9.]*\) Gb\/s.*/\1/p' >> /tmp/monel-bench-udpbw0.$$
+  out=$(pair write-bw -s 65536 -n 20000 --no-gso | tail -1)
+  echo "$out" | sed -n 's/.*\[\([0-9.]*\) Gb\/s.*/\1/p' >> /tmp/monel-bench-wbw0.$$
+  echo "$out" | sed -n 's/.*Gb\/s, \([0-9.]*\) CPU.*/\1/p' >> /tmp/monel-bench-cpu0.$$
   pair udp-lat -s 8 -n 5000 | tail -1 | awk '{print $5}' >> /tmp/monel-bench-udplat.$$
   pair send-lat -s 8 -n 5000 | tail -1 | awk '{print $5}' >> /tmp/monel-bench-slat.$$
   pair udp-lat -s 8 -n 5000 --busy | tail -1 | awk '{print $5}' >> /tmp/monel-bench-budplat.$$
   pair send-lat -s 8 -n 5000 --busy | tail -1 | awk '{print $5}' >> /tmp/monel-bench-bslat.$$
 done
 u=$(median < /tmp/monel-bench-udpbw.$$); w=$(median < /tmp/monel-bench-wbw.$$); c=$(median < /tmp/monel-bench-cpu.$$)
+u0=$(median < /tmp/monel-bench-udpbw0.$$); w0=$(median < /tmp/monel-bench-wbw0.$$); c0=$(median < /tmp/monel-bench-cpu0.$$)
 ul=$(median < /tmp/monel-bench-udplat.$$); sl=$(median < /tmp/monel-bench-slat.$$)
 bul=$(median < /tmp/monel-bench-budplat.$$); bsl=$(median < /tmp/monel-bench-bslat.$$)
 echo "runs: $runs (medians)"
-echo "raw UDP goodput (4112 B x32 sendmmsg):  $u Gb/s   [$(tr '\n' ' ' < /tmp/monel-bench-udpbw.$$)]"
-echo "Monel RC WRITE 64 KiB, MTU 4096:        $w Gb/s   [$(tr '\n' ' ' < /tmp/monel-bench-wbw.$$)]  ratio $(echo "$w / $u" | bc -l | cut -c1-5); client CPU $c s/GB"
+echo "raw UDP goodput (4112 B x32, GSO):      $u Gb/s   [$(tr '\n' ' ' < /tmp/monel-bench-udpbw.$$)]"
+echo "Monel RC WRITE 64 KiB, MTU 4096, GSO:   $w Gb/s   [$(tr '\n' ' ' < /tmp/monel-bench-wbw.$$)]  ratio $(echo "$w / $u" | bc -l | cut -c1-5); client CPU $c s/GB"
+echo "raw UDP goodput (4112 B x32, no GSO):   $u0 Gb/s   [$(tr '\n' ' ' < /tmp/monel-bench-udpbw0.$$)]"
+echo "Monel RC WRITE 64 KiB, no GSO:          $w0 Gb/s   [$(tr '\n' ' ' < /tmp/monel-bench-wbw0.$$)]  ratio $(echo "$w0 / $u0" | bc -l | cut -c1-5); client CPU $c0 s/GB"
 echo "raw UDP 8 B ping-pong, one-way median:  $ul us   [$(tr '\n' ' ' < /tmp/monel-bench-udplat.$$)]"
 echo "Monel 8 B SEND ping-pong, t_typical:    $sl us   [$(tr '\n' ' ' < /tmp/monel-bench-slat.$$)]  ratio $(echo "$sl / $ul" | bc -l | cut -c1-5)"
 echo "busy: raw UDP 8 B ping-pong:            $bul us   [$(tr '\n' ' ' < /tmp/monel-bench-budplat.$$)]"

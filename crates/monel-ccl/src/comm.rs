@@ -42,7 +42,8 @@ pub struct CommConfig {
     /// Shared-memory ring size per direction (`MONEL_SHM_RING`, bytes) and this rank's host
     /// identity (`MONEL_HOST`: ranks naming different hosts never share memory).
     pub shm: ShmConfig,
-    /// The soft RNIC for pairs on different hosts (`MONEL_RDMA_DEV`, `MONEL_RDMA_RING`).
+    /// The soft RNIC for pairs on different hosts (`MONEL_RDMA_DEV`, `MONEL_RDMA_RING`,
+    /// `MONEL_RDMA_GSO`).
     pub rdma: RdmaConfig,
 }
 
@@ -188,6 +189,17 @@ impl CommConfig {
                         "MONEL_RDMA_RING={v:?}: want bytes from 4096 to 2^30"
                     ))
                 })?;
+        }
+        if let Some(v) = env("MONEL_RDMA_GSO") {
+            c.rdma.gso = match v.as_str() {
+                "1" => true,
+                "0" => false,
+                _ => {
+                    return Err(CclError::invalid(format!(
+                        "MONEL_RDMA_GSO={v:?}: want 0 or 1"
+                    )));
+                }
+            };
         }
         if let Some(v) = env("MONEL_DEBUG") {
             c.debug = v.eq_ignore_ascii_case("INFO") || v.eq_ignore_ascii_case("TRACE");
@@ -1274,4 +1286,36 @@ impl Drop for Communicator {
 /// Rank 0 of an environment launch serves the rendezvous at the address the launcher gave.
 fn serve_env_root(l: &Launch) -> Result<()> {
     crate::bootstrap::serve_at(l.id.root, l.id.token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(vars: &[(&str, &str)]) -> Result<CommConfig> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        CommConfig::from_vars(&move |k| {
+            vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+        })
+    }
+
+    #[test]
+    fn variables_overlay_defaults_and_bad_values_name_themselves() {
+        let d = with(&[]).unwrap();
+        assert!(d.rdma.gso && d.rdma.enabled);
+        let c = with(&[("MONEL_RDMA_GSO", "0"), ("MONEL_RDMA_RING", "65536")]).unwrap();
+        assert!(!c.rdma.gso);
+        assert_eq!(c.rdma.ring, 65536);
+        for (k, v) in [
+            ("MONEL_RDMA_GSO", "yes"),
+            ("MONEL_RDMA_RING", "12"),
+            ("MONEL_TIMEOUT", "-1"),
+        ] {
+            let e = with(&[(k, v)]).unwrap_err().to_string();
+            assert!(e.contains(k), "{e}");
+        }
+    }
 }

@@ -38,6 +38,8 @@ pub struct RdmaConfig {
     pub device: Option<String>,
     /// Receive ring per peer, bytes (`MONEL_RDMA_RING`).
     pub ring: usize,
+    /// UDP segmentation offload and GRO on the RNIC's socket (`MONEL_RDMA_GSO=0|1`).
+    pub gso: bool,
 }
 
 impl Default for RdmaConfig {
@@ -46,6 +48,7 @@ impl Default for RdmaConfig {
             enabled: true,
             device: None,
             ring: 2 << 20,
+            gso: true,
         }
     }
 }
@@ -93,6 +96,7 @@ impl Nic {
             &dev,
             ContextConfig {
                 udp_port: 0,
+                gso: cfg.gso,
                 ..ContextConfig::default()
             },
         )
