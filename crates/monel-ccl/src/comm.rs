@@ -1297,9 +1297,7 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        CommConfig::from_vars(&move |k| {
-            vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
-        })
+        CommConfig::from_vars(&move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
     }
 
     #[test]
