@@ -1,0 +1,333 @@
+"""Monel from Python: NCCL-style collectives over shared memory, a software RoCE NIC and TCP,
+on numpy arrays and CPU torch tensors, without copying them.
+
+    import monel
+    comm = monel.Communicator.from_env()      # torchrun, Slurm, mpirun or MONEL_* variables
+    comm.all_reduce(x)                        # in place, sum
+    comm.all_gather(x, out)                   # out holds size * x.size elements
+    w = comm.all_reduce(y, op="max", async_op=True); ...; w.wait()
+
+`import monel.torch` registers the torch.distributed backend "monel".
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from monel import _monel
+from monel._monel import (
+    AbortedError,
+    BootstrapError,
+    CommTimeoutError,
+    InvalidArgumentError,
+    MismatchError,
+    MonelError,
+    PeerLostError,
+    Work,
+    create_unique_id,
+)
+
+__all__ = [
+    "AbortedError",
+    "BootstrapError",
+    "CommTimeoutError",
+    "Communicator",
+    "InvalidArgumentError",
+    "MismatchError",
+    "MonelError",
+    "PeerLostError",
+    "Work",
+    "create_unique_id",
+]
+
+_NUMPY_TYPES = {
+    np.dtype(np.int8): "int8",
+    np.dtype(np.uint8): "uint8",
+    np.dtype(np.int32): "int32",
+    np.dtype(np.uint32): "uint32",
+    np.dtype(np.int64): "int64",
+    np.dtype(np.uint64): "uint64",
+    np.dtype(np.float16): "float16",
+    np.dtype(np.float32): "float32",
+    np.dtype(np.float64): "float64",
+}
+
+_OPS = ("sum", "prod", "min", "max", "avg")
+
+
+def _torch_types() -> dict:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    t = {
+        torch.int8: "int8",
+        torch.uint8: "uint8",
+        torch.int32: "int32",
+        torch.int64: "int64",
+        torch.float16: "float16",
+        torch.bfloat16: "bfloat16",
+        torch.float32: "float32",
+        torch.float64: "float64",
+    }
+    for name, monel_name in (
+        ("uint32", "uint32"),
+        ("uint64", "uint64"),
+        ("float8_e4m3fn", "float8e4m3"),
+        ("float8_e5m2", "float8e5m2"),
+    ):
+        if hasattr(torch, name):
+            t[getattr(torch, name)] = monel_name
+    return t
+
+
+def _is_tensor(x: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def as_bytes(x: Any, what: str, writable: bool = False) -> tuple[np.ndarray, str, int]:
+    """A flat uint8 view of `x`'s memory (no copy), its Monel type name and element count.
+
+    `x` is a numpy array or a CPU torch tensor; it must be contiguous (a copy would hide the
+    result from the caller) and of a type Monel reduces.
+    """
+    if _is_tensor(x):
+        if x.device.type != "cpu":
+            raise InvalidArgumentError(f"{what}: a {x.device.type} tensor; Monel takes CPU tensors")
+        dtype = _torch_types().get(x.dtype)
+        if dtype is None:
+            raise InvalidArgumentError(f"{what}: torch type {x.dtype} is not supported")
+        if not x.is_contiguous():
+            raise InvalidArgumentError(f"{what}: the tensor is not contiguous (call .contiguous())")
+        flat = x.detach().reshape(-1)
+        n = flat.numel()
+        return flat.view(_torch_u8()).numpy(), dtype, n
+    if isinstance(x, np.ndarray):
+        dtype = _NUMPY_TYPES.get(x.dtype)
+        if dtype is None:
+            raise InvalidArgumentError(f"{what}: numpy type {x.dtype} is not supported")
+        if not x.flags.c_contiguous:
+            raise InvalidArgumentError(
+                f"{what}: the array is not C-contiguous (use np.ascontiguousarray)"
+            )
+        if writable and not x.flags.writeable:
+            raise InvalidArgumentError(f"{what}: the array is read-only")
+        return x.reshape(-1).view(np.uint8), dtype, x.size
+    raise InvalidArgumentError(
+        f"{what}: want a numpy array or a CPU torch tensor, got {type(x).__name__}"
+    )
+
+
+def _torch_u8():
+    return sys.modules["torch"].uint8
+
+
+def _check_op(op: str) -> str:
+    if op not in _OPS:
+        raise InvalidArgumentError(f"unknown reduction {op!r}: want one of {', '.join(_OPS)}")
+    return op
+
+
+class Communicator:
+    """This process's rank in a group of ranks (`ncclComm_t`).
+
+    Every operation runs on the communicator's own worker thread, in the order issued, with
+    the GIL released. Blocking calls return when the operation finished; with
+    `async_op=True` they return a `Work` whose `wait()` raises the operation's error. Until
+    then the buffers must not be touched. Errors are `MonelError` subclasses; a timeout
+    (`MONEL_TIMEOUT`, default 300 s) or a dead peer raises on every surviving rank, and the
+    exception's `ranks` names the ranks that did not arrive.
+    """
+
+    def __init__(self, size: int, rank: int, unique_id: str, timeout: Optional[float] = None):
+        """Joins the communicator `unique_id` names (from `create_unique_id` on one rank)."""
+        self._c = _monel.Comm(size, rank, unique_id, timeout)
+
+    @classmethod
+    def from_env(cls) -> "Communicator":
+        """Joins from torchrun (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), Slurm, mpirun or
+        MONEL_* variables."""
+        self = cls.__new__(cls)
+        self._c = _monel.Comm.from_env()
+        return self
+
+    @classmethod
+    def _wrap(cls, c) -> "Communicator":
+        self = cls.__new__(cls)
+        self._c = c
+        return self
+
+    @property
+    def rank(self) -> int:
+        """This rank."""
+        return self._c.rank
+
+    @property
+    def size(self) -> int:
+        """Ranks in all."""
+        return self._c.size
+
+    @property
+    def paths(self) -> list[str]:
+        """One line per connection: the transport it took and why."""
+        return self._c.paths
+
+    def __repr__(self) -> str:
+        return f"<monel.Communicator rank {self.rank} of {self.size}>"
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _pair(self, x, out, what_out="out"):
+        xb, xt, xn = as_bytes(x, "input")
+        if out is None:
+            return xb, xt, xn, None, None, None
+        ob, ot, on = as_bytes(out, what_out, writable=True)
+        if ot != xt:
+            raise InvalidArgumentError(f"input is {xt} but {what_out} is {ot}")
+        return xb, xt, xn, ob, ot, on
+
+    def _root(self, root: int) -> int:
+        if not isinstance(root, int) or not 0 <= root < self.size:
+            raise InvalidArgumentError(f"root {root!r} is not a rank (0..{self.size - 1})")
+        return root
+
+    # -- collectives -----------------------------------------------------------------------
+
+    def all_reduce(self, x, out=None, op: str = "sum", async_op: bool = False) -> Optional[Work]:
+        """Reduces `x` across ranks into `out` (in place into `x` without `out`)."""
+        xb, t, n, ob, _, on = self._pair(x, out)
+        if ob is not None and on != n:
+            raise InvalidArgumentError(f"out has {on} elements, input {n}")
+        w = self._c.collective("all_reduce", t, n, None if ob is None else xb,
+                               xb if ob is None else ob, _check_op(op), 0, async_op)
+        return w if async_op else None
+
+    def broadcast(self, x, root: int = 0, out=None, async_op: bool = False) -> Optional[Work]:
+        """Copies the root's `x` to every rank's `out` (in place into `x` without `out`)."""
+        xb, t, n, ob, _, on = self._pair(x, out)
+        if ob is not None and on != n:
+            raise InvalidArgumentError(f"out has {on} elements, input {n}")
+        w = self._c.collective("broadcast", t, n, None if ob is None else xb,
+                               xb if ob is None else ob, "sum", self._root(root), async_op)
+        return w if async_op else None
+
+    def reduce(self, x, root: int = 0, out=None, op: str = "sum",
+               async_op: bool = False) -> Optional[Work]:
+        """Reduces `x` across ranks into the root's `out` (in place into `x` without `out`)."""
+        xb, t, n, ob, _, on = self._pair(x, out)
+        if ob is not None and on != n:
+            raise InvalidArgumentError(f"out has {on} elements, input {n}")
+        w = self._c.collective("reduce", t, n, None if ob is None else xb,
+                               xb if ob is None else ob, _check_op(op), self._root(root),
+                               async_op)
+        return w if async_op else None
+
+    def _gathering(self, name, x, out, root=0, async_op=False, op="sum"):
+        xb, t, n, ob, _, on = self._pair(x, out)
+        if ob is None:
+            raise InvalidArgumentError(f"{name} needs an output buffer")
+        w = self._c.collective(name, t, n, xb, ob, op, root, async_op)
+        return w if async_op else None
+
+    def all_gather(self, x, out, async_op: bool = False) -> Optional[Work]:
+        """Concatenates every rank's `x` (rank order) into `out` (size * x.size elements)."""
+        _, _, n, _, _, on = self._pair(x, out)
+        if on != n * self.size:
+            raise InvalidArgumentError(f"out has {on} elements, want {self.size} x {n}")
+        return self._gathering("all_gather", x, out, async_op=async_op)
+
+    def reduce_scatter(self, x, out, op: str = "sum", async_op: bool = False) -> Optional[Work]:
+        """Reduces `x` (size * out.size elements) and leaves rank r's block in `out`."""
+        xb, t, n, ob, _, on = self._pair(x, out)
+        if n != on * self.size:
+            raise InvalidArgumentError(f"input has {n} elements, want {self.size} x {on}")
+        w = self._c.collective("reduce_scatter", t, on, xb, ob, _check_op(op), 0, async_op)
+        return w if async_op else None
+
+    def all_to_all(self, x, out, async_op: bool = False) -> Optional[Work]:
+        """Sends block j of `x` to rank j; block i of `out` comes from rank i (equal blocks)."""
+        xb, t, n, ob, _, on = self._pair(x, out)
+        if n != on or n % self.size:
+            raise InvalidArgumentError(
+                f"input and out must have the same size, divisible by {self.size} (got {n}, {on})")
+        w = self._c.collective("all_to_all", t, n // self.size, xb, ob, "sum", 0, async_op)
+        return w if async_op else None
+
+    def gather(self, x, out=None, root: int = 0, async_op: bool = False) -> Optional[Work]:
+        """Concatenates every rank's `x` into the root's `out` (size * x.size elements)."""
+        root = self._root(root)
+        xb, t, n, ob, _, on = self._pair(x, out)
+        if self.rank == root and on != n * self.size:
+            raise InvalidArgumentError(f"out has {on} elements, want {self.size} x {n}")
+        if ob is None:
+            ob = np.empty(0, np.uint8)
+        w = self._c.collective("gather", t, n, xb, ob, "sum", root, async_op)
+        return w if async_op else None
+
+    def scatter(self, x, out, root: int = 0, async_op: bool = False) -> Optional[Work]:
+        """Gives rank r block r of the root's `x` (size * out.size elements) in `out`."""
+        root = self._root(root)
+        ob, t, on = as_bytes(out, "out", writable=True)
+        if x is None:
+            xb = np.empty(0, np.uint8)
+        else:
+            xb, xt, n = as_bytes(x, "input")
+            if xt != t:
+                raise InvalidArgumentError(f"input is {xt} but out is {t}")
+            if self.rank == root and n != on * self.size:
+                raise InvalidArgumentError(f"input has {n} elements, want {self.size} x {on}")
+        w = self._c.collective("scatter", t, on, xb, ob, "sum", root, async_op)
+        return w if async_op else None
+
+    def barrier(self, async_op: bool = False) -> Optional[Work]:
+        """Returns once every rank called it."""
+        w = self._c.collective("barrier", "uint8", 0, None, np.empty(0, np.uint8), "sum", 0,
+                               async_op)
+        return w if async_op else None
+
+    # -- point to point --------------------------------------------------------------------
+
+    def send(self, x, peer: int, async_op: bool = False) -> Optional[Work]:
+        """Sends `x` to `peer` (`ncclSend`); a large message waits for the receive, so two
+        ranks that send to each other must use `group`."""
+        return self.group([("send", x, peer)], async_op)
+
+    def recv(self, out, peer: int, async_op: bool = False) -> Optional[Work]:
+        """Receives into `out` from `peer` (`ncclRecv`); the sizes must agree."""
+        return self.group([("recv", out, peer)], async_op)
+
+    def group(self, ops: Sequence[tuple], async_op: bool = False) -> Optional[Work]:
+        """Runs ("send", x, peer) and ("recv", out, peer) operations as one group, so any
+        exchange pattern completes (`ncclGroupStart` .. `ncclGroupEnd`)."""
+        parts = []
+        for o in ops:
+            if len(o) != 3 or o[0] not in ("send", "recv"):
+                raise InvalidArgumentError(f"group operation {o!r}: want ('send'|'recv', buffer, peer)")
+            kind, buf, peer = o
+            if not isinstance(peer, int) or not 0 <= peer < self.size:
+                raise InvalidArgumentError(f"peer {peer!r} is not a rank (0..{self.size - 1})")
+            b, t, n = as_bytes(buf, kind, writable=kind == "recv")
+            parts.append((kind == "send", b, n, t, peer))
+        w = self._c.group(parts, async_op)
+        return w if async_op else None
+
+    # -- lifetime --------------------------------------------------------------------------
+
+    def split(self, color: Optional[int], key: int = 0) -> Optional["Communicator"]:
+        """`ncclCommSplit`: ranks with the same color form a new communicator ordered by
+        key; `color=None` joins none and returns None. Every rank must call it."""
+        c = self._c.split(color, key)
+        return None if c is None else Communicator._wrap(c)
+
+    def destroy(self) -> None:
+        """Finishes queued operations and closes the connections."""
+        self._c.destroy()
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.destroy()

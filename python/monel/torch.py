@@ -1,0 +1,283 @@
+"""torch.distributed backend "monel": `import monel.torch`, then
+`torch.distributed.init_process_group(backend="monel")` under torchrun; DDP runs unmodified.
+
+The process group is a Python `ProcessGroup` whose operations run on a Monel communicator
+(shared memory between local ranks, the soft RoCE NIC or TCP between hosts). The ranks find
+each other through torch's own store: rank 0 starts Monel's rendezvous and publishes its
+unique id there. Every operation is issued to Monel at once (Monel runs them in order on its
+own thread, without the GIL) and returns a `Work` backed by a torch `Future` that a helper
+thread completes; `wait()` raises Monel's error (timeouts name the ranks missing).
+CPU tensors only.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import threading
+from datetime import timedelta
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+from torch.futures import Future
+
+import monel
+from monel import InvalidArgumentError
+
+__all__ = ["ProcessGroupMonel", "BACKEND"]
+
+BACKEND = "monel"
+
+_OPS = {
+    dist.ReduceOp.SUM: "sum",
+    dist.ReduceOp.PRODUCT: "prod",
+    dist.ReduceOp.MIN: "min",
+    dist.ReduceOp.MAX: "max",
+    dist.ReduceOp.AVG: "avg",
+}
+
+
+def _op(reduce_op) -> str:
+    for k, v in _OPS.items():
+        if reduce_op == k:
+            return v
+    raise InvalidArgumentError(f"reduction {reduce_op} is not supported by monel")
+
+
+def _root_ip() -> str:
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return "127.0.0.1"
+
+
+class _Completer:
+    """Completes torch futures as Monel's works finish, in order, on one daemon thread."""
+
+    def __init__(self) -> None:
+        self._q: queue.Queue = queue.Queue()
+        self._t = threading.Thread(target=self._run, name="monel-completer", daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            works, fut, value, after = item
+            try:
+                for w in works:
+                    w.wait()
+                if after is not None:
+                    after()
+                fut.set_result(value)
+            except BaseException as e:  # the error goes to whoever waits on the work
+                fut.set_exception(e)
+
+    def track(self, works, value, after=None):
+        fut = Future()
+        self._q.put((works, fut, value, after))
+        return _create_work_from_future(fut)
+
+    def done(self, value):
+        fut = Future()
+        fut.set_result(value)
+        return _create_work_from_future(fut)
+
+    def stop(self) -> None:
+        self._q.put(None)
+
+
+class ProcessGroupMonel(dist.ProcessGroup):
+    """A torch process group over one Monel communicator."""
+
+    def __init__(self, store, rank: int, size: int, timeout: Optional[timedelta] = None):
+        super().__init__(rank, size)
+        self._rank, self._size = rank, size
+        key = "monel/unique_id"
+        if rank == 0:
+            uid = monel.create_unique_id(f"{_root_ip()}:0")
+            store.set(key, uid)
+        else:
+            uid = store.get(key).decode()
+        secs = timeout.total_seconds() if timeout is not None else None
+        if os.environ.get("MONEL_TIMEOUT"):
+            secs = None  # the user's MONEL_TIMEOUT wins
+        self.comm = monel.Communicator(size, rank, uid, timeout=secs)
+        self._done = _Completer()
+
+    # -- identity --------------------------------------------------------------------------
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+    # -- collectives -----------------------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        op = _op(opts.reduceOp) if opts is not None else "sum"
+        works = [self.comm.all_reduce(t, op=op, async_op=True) for t in tensors]
+        return self._done.track(works, tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts):
+        works = [self.comm.broadcast(t, root=opts.rootRank, async_op=True) for t in tensors]
+        return self._done.track(works, tensors)
+
+    def reduce(self, tensors, opts):
+        works = [
+            self.comm.reduce(t, root=opts.rootRank, op=_op(opts.reduceOp), async_op=True)
+            for t in tensors
+        ]
+        return self._done.track(works, tensors)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        works, copies = [], []
+        for outs, inp in zip(output_tensors, input_tensors):
+            flat = torch.empty(self._size * inp.numel(), dtype=inp.dtype)
+            works.append(self.comm.all_gather(inp.contiguous(), flat, async_op=True))
+            copies.append((outs, flat, inp.shape))
+
+        def scatter_back():
+            for outs, flat, shape in copies:
+                for o, part in zip(outs, flat.chunk(self._size)):
+                    o.copy_(part.view(shape))
+
+        return self._done.track(works, output_tensors, scatter_back)
+
+    def all_gather_single(self, output, input, opts=None):
+        w = self.comm.all_gather(input.contiguous(), output, async_op=True)
+        return self._done.track([w], output)
+
+    _allgather_base = all_gather_single
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        works = [self.comm.all_gather(i.contiguous(), o, async_op=True) for o, i in zip(outputs, inputs)]
+        return self._done.track(works, outputs)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def reduce_scatter(self, output_tensors, input_lists, opts=None):
+        op = _op(opts.reduceOp) if opts is not None else "sum"
+        works = []
+        for out, parts in zip(output_tensors, input_lists):
+            flat = torch.cat([p.reshape(-1) for p in parts])
+            works.append(self.comm.reduce_scatter(flat, out, op=op, async_op=True))
+        return self._done.track(works, output_tensors)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        op = _op(opts.reduceOp) if opts is not None else "sum"
+        w = self.comm.reduce_scatter(input.contiguous(), output, op=op, async_op=True)
+        return self._done.track([w], output)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        op = _op(opts.reduceOp) if opts is not None else "sum"
+        works = [
+            self.comm.reduce_scatter(i.contiguous(), o, op=op, async_op=True)
+            for o, i in zip(outputs, inputs)
+        ]
+        return self._done.track(works, outputs)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        n = self._size
+        if not output_split_sizes and not input_split_sizes:
+            w = self.comm.all_to_all(input.contiguous(), output, async_op=True)
+            return self._done.track([w], output)
+        # Uneven splits (along dim 0): one group of sends and receives.
+        ins = self._split(input.contiguous(), input_split_sizes)
+        outs = self._split(output, output_split_sizes)
+        ops = [("send", ins[p], p) for p in range(n) if ins[p].numel()]
+        ops += [("recv", outs[p], p) for p in range(n) if outs[p].numel()]
+        w = self.comm.group(ops, async_op=True)
+        return self._done.track([w], output)
+
+    alltoall_base = all_to_all_single
+
+    def _split(self, t, sizes):
+        if not sizes:
+            return list(t.chunk(self._size))
+        return list(t.split(list(sizes)))
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        n = self._size
+        ops = [("send", input_tensors[p].contiguous(), p) for p in range(n) if input_tensors[p].numel()]
+        staged = [o if o.is_contiguous() else torch.empty_like(o, memory_format=torch.contiguous_format)
+                  for o in output_tensors]
+        ops += [("recv", staged[p], p) for p in range(n) if staged[p].numel()]
+        w = self.comm.group(ops, async_op=True)
+
+        def back():
+            for o, s in zip(output_tensors, staged):
+                if o is not s:
+                    o.copy_(s)
+
+        return self._done.track([w], output_tensors, back)
+
+    def gather(self, output_tensors, input_tensors, opts):
+        root = opts.rootRank
+        inp = input_tensors[0].contiguous()
+        if self._rank == root:
+            flat = torch.empty(self._size * inp.numel(), dtype=inp.dtype)
+            w = self.comm.gather(inp, flat, root=root, async_op=True)
+
+            def back():
+                for o, part in zip(output_tensors[0], flat.chunk(self._size)):
+                    o.copy_(part.view(o.shape))
+
+            return self._done.track([w], output_tensors, back)
+        w = self.comm.gather(inp, None, root=root, async_op=True)
+        return self._done.track([w], output_tensors)
+
+    def scatter(self, output_tensors, input_tensors, opts):
+        root = opts.rootRank
+        out = output_tensors[0]
+        flat = None
+        if self._rank == root:
+            flat = torch.cat([t.reshape(-1) for t in input_tensors[0]])
+        w = self.comm.scatter(flat, out, root=root, async_op=True)
+        return self._done.track([w], output_tensors)
+
+    def barrier(self, opts=None):
+        return self._done.track([self.comm.barrier(async_op=True)], None)
+
+    # -- point to point --------------------------------------------------------------------
+
+    def send(self, tensors, dst: int, tag: int = 0):
+        works = [self.comm.send(t.contiguous(), dst, async_op=True) for t in tensors]
+        return self._done.track(works, tensors)
+
+    def recv(self, tensors, src: int, tag: int = 0):
+        works = [self.comm.recv(t, src, async_op=True) for t in tensors]
+        return self._done.track(works, tensors)
+
+    # -- lifetime --------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        self.comm.destroy()
+        self._done.stop()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+
+def _create(store, rank, size, timeout):
+    return ProcessGroupMonel(store, rank, size, timeout)
+
+
+if BACKEND not in dist.Backend.backend_list:
+    dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])

@@ -1,0 +1,565 @@
+//! `monel._monel`: the native half of Monel's Python package. A [`Comm`] owns a Monel
+//! communicator on a worker thread of its own; every operation, blocking or not, is a job on
+//! that thread's queue, so operations run in the order they were issued and the calling thread
+//! waits without the GIL. Buffers arrive through the buffer protocol (the Python half hands
+//! over contiguous byte views of numpy arrays and CPU tensors): no copy.
+
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use monel_ccl::{
+    CclError, Collective, CommConfig, Communicator, DataType, ErrorKind, GroupOp, Io, RedOp,
+    UniqueId,
+};
+use pyo3::buffer::PyBuffer;
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+
+
+create_exception!(_monel, MonelError, PyException, "Any error from Monel.");
+create_exception!(
+    _monel,
+    InvalidArgumentError,
+    MonelError,
+    "A bad argument on this rank (type, size, root, peer)."
+);
+create_exception!(
+    _monel,
+    MismatchError,
+    MonelError,
+    "Ranks called different operations, or the same with different arguments."
+);
+create_exception!(
+    _monel,
+    CommTimeoutError,
+    MonelError,
+    "An operation did not finish in time; `ranks` names the ranks that did not arrive."
+);
+create_exception!(
+    _monel,
+    PeerLostError,
+    MonelError,
+    "A peer died or its connection failed; `ranks` names it."
+);
+create_exception!(
+    _monel,
+    AbortedError,
+    MonelError,
+    "The communicator was aborted, here or by another rank."
+);
+create_exception!(
+    _monel,
+    BootstrapError,
+    MonelError,
+    "The communicator could not be set up (rendezvous, environment, unique id)."
+);
+
+/// The Python exception for a Monel error, with its `ranks` attribute set.
+fn py_err(e: &CclError) -> PyErr {
+    let msg = e.to_string();
+    let err = match e.kind {
+        ErrorKind::InvalidArgument => InvalidArgumentError::new_err(msg),
+        ErrorKind::Mismatch => MismatchError::new_err(msg),
+        ErrorKind::Timeout => CommTimeoutError::new_err(msg),
+        ErrorKind::PeerLost => PeerLostError::new_err(msg),
+        ErrorKind::RemoteAbort | ErrorKind::Aborted => AbortedError::new_err(msg),
+        ErrorKind::Bootstrap => BootstrapError::new_err(msg),
+        _ => MonelError::new_err(msg),
+    };
+    Python::attach(|py| {
+        let _ = err.value(py).setattr("ranks", e.ranks.clone());
+    });
+    err
+}
+
+fn invalid(msg: impl Into<String>) -> PyErr {
+    InvalidArgumentError::new_err(msg.into())
+}
+
+fn dtype_of(name: &str) -> PyResult<DataType> {
+    DataType::parse(name).ok_or_else(|| invalid(format!("unknown data type {name:?}")))
+}
+
+fn redop_of(name: &str) -> PyResult<RedOp> {
+    RedOp::parse(name).ok_or_else(|| {
+        invalid(format!(
+            "unknown reduction {name:?}: want sum, prod, min, max or avg"
+        ))
+    })
+}
+
+/// A byte range of a Python buffer, valid while the job that carries it holds the buffer.
+#[derive(Clone, Copy)]
+struct Region {
+    ptr: usize,
+    len: usize,
+}
+
+impl Region {
+    fn of(b: &PyBuffer<u8>, writable: bool, what: &str) -> PyResult<Self> {
+        if !b.is_c_contiguous() {
+            return Err(invalid(format!("{what}: the buffer is not contiguous")));
+        }
+        if writable && b.readonly() {
+            return Err(invalid(format!("{what}: the buffer is read-only")));
+        }
+        Ok(Self {
+            ptr: b.buf_ptr() as usize,
+            len: b.len_bytes(),
+        })
+    }
+    fn overlaps(self, o: Self) -> bool {
+        self.len > 0 && o.len > 0 && self.ptr < o.ptr + o.len && o.ptr < self.ptr + self.len
+    }
+    // SAFETY (both): a Region is made from a contiguous PyBuffer that the job holding it keeps
+    // alive (and so the exporter's memory in place) until the operation finished; regions of
+    // one job never overlap unless they are the same region (checked by `io`).
+    #[allow(unsafe_code)]
+    fn bytes<'a>(self) -> &'a [u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: see above.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+    #[allow(unsafe_code)]
+    fn bytes_mut<'a>(self) -> &'a mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: see above; the memory was checked writable.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }
+    }
+}
+
+/// An operation's buffers: out of place, or one buffer in place (the same buffer passed twice).
+fn io<'a>(send: Option<Region>, recv: Region) -> Result<Io<'a>, CclError> {
+    match send {
+        None => Ok(Io::InPlace(recv.bytes_mut())),
+        Some(s) if s.ptr == recv.ptr && s.len == recv.len => Ok(Io::InPlace(recv.bytes_mut())),
+        Some(s) if s.overlaps(recv) => Err(CclError::invalid(
+            "input and output overlap without being the same buffer",
+        )),
+        Some(s) => Ok(Io::Separate {
+            send: s.bytes(),
+            recv: recv.bytes_mut(),
+        }),
+    }
+}
+
+/// One point-to-point part of a group.
+#[derive(Clone, Copy)]
+struct P2p {
+    send: bool,
+    region: Region,
+    count: usize,
+    dtype: DataType,
+    peer: usize,
+}
+
+enum Op {
+    Collective {
+        coll: Collective,
+        dtype: DataType,
+        count: usize,
+        send: Option<Region>,
+        recv: Region,
+    },
+    Group(Vec<P2p>),
+    Split {
+        color: Option<u32>,
+        key: i64,
+    },
+}
+
+enum Outcome {
+    Done,
+    Split(Option<Communicator>),
+}
+
+/// Completion of one job, shared by the worker and the [`Work`] handle.
+#[derive(Default)]
+struct Done {
+    state: Mutex<Option<Result<(), CclError>>>,
+    cv: Condvar,
+    split: Mutex<Option<Communicator>>,
+}
+
+impl Done {
+    fn finish(&self, r: Result<(), CclError>) {
+        *self.state.lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
+        self.cv.notify_all();
+    }
+    fn wait(&self, timeout: Option<Duration>) -> Option<Result<(), CclError>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut g = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if let Some(r) = g.as_ref() {
+                return Some(r.clone());
+            }
+            match deadline {
+                None => g = self.cv.wait(g).unwrap_or_else(PoisonError::into_inner),
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return None;
+                    }
+                    g = self.cv.wait_timeout(g, left).unwrap_or_else(PoisonError::into_inner).0;
+                }
+            }
+        }
+    }
+}
+
+struct Job {
+    op: Op,
+    /// Keeps the exporters' memory in place until the operation finished.
+    bufs: Vec<PyBuffer<u8>>,
+    done: Arc<Done>,
+}
+
+fn run_op(c: &mut Communicator, op: Op) -> Result<Outcome, CclError> {
+    match op {
+        Op::Collective {
+            coll,
+            dtype,
+            count,
+            send,
+            recv,
+        } => c
+            .collective(coll, dtype, count, io(send, recv)?)
+            .map(|()| Outcome::Done),
+        Op::Group(parts) => {
+            let ops = parts
+                .into_iter()
+                .map(|p| {
+                    if p.send {
+                        GroupOp::Send {
+                            buf: p.region.bytes(),
+                            count: p.count,
+                            dtype: p.dtype,
+                            peer: p.peer,
+                        }
+                    } else {
+                        GroupOp::Recv {
+                            buf: p.region.bytes_mut(),
+                            count: p.count,
+                            dtype: p.dtype,
+                            peer: p.peer,
+                        }
+                    }
+                })
+                .collect();
+            c.group(ops).map(|()| Outcome::Done)
+        }
+        Op::Split { color, key } => c.split(color, key).map(Outcome::Split),
+    }
+}
+
+fn worker(mut c: Communicator, jobs: Receiver<Job>) {
+    for job in jobs {
+        let r = run_op(&mut c, job.op);
+        let r = match r {
+            Ok(Outcome::Done) => Ok(()),
+            Ok(Outcome::Split(s)) => {
+                *job.done.split.lock().unwrap_or_else(PoisonError::into_inner) = s;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        };
+        // Release the buffers before anyone learns the operation finished.
+        Python::attach(|_| drop(job.bufs));
+        job.done.finish(r);
+    }
+}
+
+/// A handle on an operation in flight (`async_op=True`).
+#[pyclass(module = "monel._monel")]
+struct Work {
+    done: Arc<Done>,
+}
+
+#[pymethods]
+impl Work {
+    /// Waits for the operation (without the GIL) and raises its error, if any. With a
+    /// timeout in seconds, returns False if it has not finished by then.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let t = timeout
+            .map(|s| {
+                Duration::try_from_secs_f64(s)
+                    .map_err(|_| invalid(format!("timeout {s}: want seconds >= 0")))
+            })
+            .transpose()?;
+        let done = self.done.clone();
+        match py.detach(move || done.wait(t)) {
+            None => Ok(false),
+            Some(Ok(())) => Ok(true),
+            Some(Err(e)) => Err(py_err(&e)),
+        }
+    }
+    /// True once the operation finished (successfully or not).
+    fn is_completed(&self) -> bool {
+        self.done
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+    /// True if the operation finished without error.
+    fn is_success(&self) -> bool {
+        matches!(
+            *self.done.state.lock().unwrap_or_else(PoisonError::into_inner),
+            Some(Ok(()))
+        )
+    }
+}
+
+/// A communicator: this rank's membership of a group of ranks (the native object behind
+/// `monel.Communicator`).
+#[pyclass(module = "monel._monel")]
+struct Comm {
+    rank: usize,
+    size: usize,
+    paths: Vec<String>,
+    queue: Option<Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Comm {
+    fn start(c: Communicator) -> Self {
+        let (tx, rx) = channel();
+        let (rank, size, paths) = (c.rank(), c.size(), c.paths().to_vec());
+        let thread = std::thread::Builder::new()
+            .name(format!("monel-rank{rank}"))
+            .spawn(move || worker(c, rx))
+            .ok();
+        Self {
+            rank,
+            size,
+            paths,
+            queue: Some(tx),
+            thread,
+        }
+    }
+
+    fn submit(&self, py: Python<'_>, op: Op, bufs: Vec<PyBuffer<u8>>, async_op: bool) -> PyResult<Work> {
+        let done = Arc::new(Done::default());
+        let q = self
+            .queue
+            .as_ref()
+            .ok_or_else(|| AbortedError::new_err("the communicator was destroyed"))?;
+        q.send(Job {
+            op,
+            bufs,
+            done: done.clone(),
+        })
+        .map_err(|_| AbortedError::new_err("the communicator's worker stopped"))?;
+        let w = Work { done };
+        if !async_op {
+            w.wait(py, None)?;
+        }
+        Ok(w)
+    }
+}
+
+fn join(py: Python<'_>, cfg: CommConfig, make: impl FnOnce(CommConfig) -> Result<Communicator, CclError> + Send) -> PyResult<Comm> {
+    py.detach(move || make(cfg))
+        .map(Comm::start)
+        .map_err(|e| py_err(&e))
+}
+
+fn config(timeout: Option<f64>) -> PyResult<CommConfig> {
+    let mut cfg = CommConfig::from_env().map_err(|e| py_err(&e))?;
+    if let Some(t) = timeout {
+        cfg.timeout = Duration::try_from_secs_f64(t)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| invalid(format!("timeout {t}: want seconds > 0")))?;
+    }
+    Ok(cfg)
+}
+
+#[pymethods]
+impl Comm {
+    /// Joins communicator `unique_id` as `rank` of `size` (`ncclCommInitRank`); `MONEL_*`
+    /// variables configure it, `timeout` (seconds) overrides `MONEL_TIMEOUT`.
+    #[new]
+    #[pyo3(signature = (size, rank, unique_id, timeout=None))]
+    fn new(py: Python<'_>, size: usize, rank: usize, unique_id: &str, timeout: Option<f64>) -> PyResult<Self> {
+        let id: UniqueId = unique_id
+            .parse()
+            .map_err(|e: CclError| BootstrapError::new_err(e.to_string()))?;
+        join(py, config(timeout)?, move |cfg| {
+            Communicator::init_rank(size, rank, &id, cfg)
+        })
+    }
+
+    /// Joins from the launcher's variables (torchrun, Slurm, mpirun, `MONEL_*`; the timeout
+    /// is `MONEL_TIMEOUT`).
+    #[staticmethod]
+    fn from_env(py: Python<'_>) -> PyResult<Self> {
+        join(py, config(None)?, |_| Communicator::from_env())
+    }
+
+    /// This rank.
+    #[getter]
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    /// Ranks in all.
+    #[getter]
+    fn size(&self) -> usize {
+        self.size
+    }
+    /// One line per connection: the path it took (SHM, RoCE soft-RNIC, TCP) and why.
+    #[getter]
+    fn paths(&self) -> Vec<String> {
+        self.paths.clone()
+    }
+
+    /// Runs collective `name` on byte buffers (the Python half checks shapes and types).
+    #[pyo3(signature = (name, dtype, count, send, recv, op="sum", root=0, async_op=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn collective(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        dtype: &str,
+        count: usize,
+        send: Option<PyBuffer<u8>>,
+        recv: PyBuffer<u8>,
+        op: &str,
+        root: usize,
+        async_op: bool,
+    ) -> PyResult<Work> {
+        let red = redop_of(op)?;
+        let coll = match name {
+            "all_reduce" => Collective::AllReduce(red),
+            "broadcast" => Collective::Broadcast(root),
+            "reduce" => Collective::Reduce(red, root),
+            "all_gather" => Collective::AllGather,
+            "reduce_scatter" => Collective::ReduceScatter(red),
+            "all_to_all" => Collective::AllToAll,
+            "gather" => Collective::Gather(root),
+            "scatter" => Collective::Scatter(root),
+            "barrier" => Collective::Barrier,
+            _ => return Err(invalid(format!("unknown collective {name:?}"))),
+        };
+        let s = send.as_ref().map(|b| Region::of(b, false, "input")).transpose()?;
+        let r = Region::of(&recv, true, "output")?;
+        let mut bufs = vec![recv];
+        bufs.extend(send);
+        self.submit(
+            py,
+            Op::Collective {
+                coll,
+                dtype: dtype_of(dtype)?,
+                count,
+                send: s,
+                recv: r,
+            },
+            bufs,
+            async_op,
+        )
+    }
+
+    /// Runs sends and receives as one group: `ops` holds `(is_send, buffer, count, dtype,
+    /// peer)` tuples.
+    #[pyo3(signature = (ops, async_op=false))]
+    fn group(
+        &self,
+        py: Python<'_>,
+        ops: Vec<(bool, PyBuffer<u8>, usize, String, usize)>,
+        async_op: bool,
+    ) -> PyResult<Work> {
+        let mut parts = Vec::with_capacity(ops.len());
+        let mut bufs = Vec::with_capacity(ops.len());
+        for (send, b, count, dtype, peer) in ops {
+            let region = Region::of(&b, !send, if send { "send buffer" } else { "receive buffer" })?;
+            if !send && parts.iter().any(|p: &P2p| p.region.overlaps(region)) {
+                return Err(invalid("a receive buffer overlaps another buffer of the group"));
+            }
+            parts.push(P2p {
+                send,
+                region,
+                count,
+                dtype: dtype_of(&dtype)?,
+                peer,
+            });
+            bufs.push(b);
+        }
+        for p in parts.iter().filter(|p| p.send) {
+            if parts.iter().any(|q| !q.send && q.region.overlaps(p.region)) {
+                return Err(invalid("a send buffer overlaps a receive buffer of the group"));
+            }
+        }
+        self.submit(py, Op::Group(parts), bufs, async_op)
+    }
+
+    /// Splits (`ncclCommSplit`): ranks passing the same `color` form a new communicator,
+    /// ordered by `key`; `color=None` takes part and joins none (returns None).
+    #[pyo3(signature = (color, key=0))]
+    fn split(&self, py: Python<'_>, color: Option<u32>, key: i64) -> PyResult<Option<Self>> {
+        let w = self.submit(py, Op::Split { color, key }, Vec::new(), false)?;
+        let c = w.done.split.lock().unwrap_or_else(PoisonError::into_inner).take();
+        Ok(c.map(Self::start))
+    }
+
+    /// Destroys the communicator: waits for queued operations, then closes its connections.
+    fn destroy(&mut self, py: Python<'_>) {
+        self.queue = None;
+        if let Some(t) = self.thread.take() {
+            py.detach(move || {
+                let _ = t.join();
+            });
+        }
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        self.queue = None;
+        if let Some(t) = self.thread.take() {
+            // Without the GIL when Python is still running: the worker may need it.
+            Python::attach(|py| {
+                py.detach(move || {
+                    let _ = t.join();
+                });
+            });
+        }
+    }
+}
+
+/// Starts a rendezvous on `bind` ("ip:port", port 0 picks one) served by this process, and
+/// returns the unique id every rank passes to `Communicator(size, rank, unique_id)`.
+#[pyfunction]
+#[pyo3(signature = (bind="127.0.0.1:0"))]
+fn create_unique_id(bind: &str) -> PyResult<String> {
+    let addr = bind
+        .parse()
+        .map_err(|_| invalid(format!("bind {bind:?}: want ip:port")))?;
+    UniqueId::create(addr)
+        .map(|id| id.to_string())
+        .map_err(|e| py_err(&e))
+}
+
+/// The native module.
+#[pymodule]
+fn _monel(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<Comm>()?;
+    m.add_class::<Work>()?;
+    m.add_function(wrap_pyfunction!(create_unique_id, m)?)?;
+    m.add("MonelError", py.get_type::<MonelError>())?;
+    m.add("InvalidArgumentError", py.get_type::<InvalidArgumentError>())?;
+    m.add("MismatchError", py.get_type::<MismatchError>())?;
+    m.add("CommTimeoutError", py.get_type::<CommTimeoutError>())?;
+    m.add("PeerLostError", py.get_type::<PeerLostError>())?;
+    m.add("AbortedError", py.get_type::<AbortedError>())?;
+    m.add("BootstrapError", py.get_type::<BootstrapError>())?;
+    Ok(())
+}
