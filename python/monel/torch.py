@@ -109,6 +109,7 @@ class ProcessGroupMonel(dist.ProcessGroup):
             secs = None  # the user's MONEL_TIMEOUT wins
         self.comm = monel.Communicator(size, rank, uid, timeout=secs)
         self._done = _Completer()
+        self._coalesced: Optional[list] = None
 
     # -- identity --------------------------------------------------------------------------
 
@@ -258,12 +259,37 @@ class ProcessGroupMonel(dist.ProcessGroup):
     # -- point to point --------------------------------------------------------------------
 
     def send(self, tensors, dst: int, tag: int = 0):
+        if self._coalesced is not None:
+            self._coalesced += [("send", t.contiguous(), dst) for t in tensors]
+            return self._done.done(tensors)
         works = [self.comm.send(t.contiguous(), dst, async_op=True) for t in tensors]
         return self._done.track(works, tensors)
 
     def recv(self, tensors, src: int, tag: int = 0):
+        if self._coalesced is not None:
+            self._coalesced += [("recv", t, src) for t in tensors]
+            return self._done.done(tensors)
         works = [self.comm.recv(t, src, async_op=True) for t in tensors]
         return self._done.track(works, tensors)
+
+    # -- coalescing (batch_isend_irecv): the sends and receives run as one Monel group, so
+    # any exchange pattern completes; the work that counts is the one end_coalescing returns.
+
+    def _get_backend(self, device):
+        return self
+
+    @property
+    def supports_coalescing(self) -> bool:
+        return True
+
+    def start_coalescing(self, device) -> None:
+        self._coalesced = []
+
+    def end_coalescing(self, device):
+        ops, self._coalesced = self._coalesced or [], None
+        if not ops:
+            return self._done.done(None)
+        return self._done.track([self.comm.group(ops, async_op=True)], None)
 
     # -- lifetime --------------------------------------------------------------------------
 

@@ -1,0 +1,57 @@
+"""Helpers: run a worker function as N real processes joined by one Monel unique id."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+EXAMPLES = HERE.parent.parent / "examples"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(name: str, n: int, timeout: float = 60, env: dict | None = None, args=()):
+    """Runs `workers.NAME(rank, size, ...)` in n processes; returns [(returncode, stdout,
+    stderr)] per rank. The ranks find each other through torchrun-style variables."""
+    port = free_port()
+    procs = []
+    for r in range(n):
+        e = dict(os.environ)
+        e.update({
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
+            "WORLD_SIZE": str(n), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(n),
+            "MONEL_TIMEOUT": e.get("MONEL_TIMEOUT", "30"),
+        })
+        e.update(env or {})
+        procs.append(subprocess.Popen(
+            [sys.executable, str(HERE / "workers.py"), name, *map(str, args)],
+            env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    out = []
+    for p in procs:
+        try:
+            o, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail(f"{name}: ranks hung past {timeout} s")
+        out.append((p.returncode, o, err))
+    return out
+
+
+def results(outs):
+    """The JSON each rank printed last."""
+    return [json.loads(o.strip().splitlines()[-1]) for _, o, _ in outs]
+
+
+def assert_ok(outs):
+    for r, (code, o, err) in enumerate(outs):
+        assert code == 0, f"rank {r} exited {code}\n--- stdout\n{o}\n--- stderr\n{err}"

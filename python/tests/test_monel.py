@@ -1,0 +1,65 @@
+"""The monel package across real processes: every collective and type against a reference,
+point to point, async handles, split, bad input, a mismatch and a dead peer."""
+
+import numpy as np
+import pytest
+
+import monel
+from conftest import assert_ok, results, run_ranks
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_collective_and_type(n):
+    outs = run_ranks("collectives", n, timeout=120)
+    assert_ok(outs)
+    res = results(outs)
+    assert all(r["checks"] > 300 for r in res)
+    assert any("via SHM" in p for p in res[0]["paths"])
+
+
+def test_transports_soft_rnic_and_tcp():
+    for t, word in (("rdma", "RoCE"), ("tcp", "TCP")):
+        outs = run_ranks("collectives", 2, timeout=120, env={"MONEL_TRANSPORT": t})
+        assert_ok(outs)
+        assert word in results(outs)[0]["paths"][0]
+
+
+def test_bad_input_raises_and_leaves_the_communicator_usable():
+    outs = run_ranks("bad_input", 2)
+    assert_ok(outs)
+    errs = results(outs)[0]["errors"]
+    assert len(errs) >= 11
+    assert any("not contiguous" in e for e in errs)
+    assert any("read-only" in e for e in errs)
+    assert any("complex64" in e for e in errs)
+
+
+def test_count_mismatch_is_an_error_on_every_rank():
+    outs = run_ranks("mismatch", 3, env={"MONEL_TIMEOUT": "10"})
+    assert_ok(outs)
+    for r in results(outs):
+        assert r["error"] in ("MismatchError", "AbortedError"), r
+
+
+def test_dead_peer_is_named_within_the_timeout():
+    outs = run_ranks("dead_peer", 3, env={"MONEL_TIMEOUT": "10"})
+    assert outs[2][0] == 0
+    res = results(outs[:2])
+    for r in res:
+        assert 2 in r["ranks"], r
+        assert r["seconds"] < 15, r
+        assert r["error"] in ("PeerLostError", "CommTimeoutError", "AbortedError"), r
+
+
+def test_unique_id_errors_are_bootstrap_errors():
+    with pytest.raises(monel.BootstrapError):
+        monel.Communicator(2, 0, "not-an-id")
+    with pytest.raises(monel.InvalidArgumentError):
+        monel.create_unique_id("nowhere")
+    # A single-rank communicator needs no peers.
+    c = monel.Communicator(1, 0, monel.create_unique_id())
+    x = np.arange(4, dtype=np.float32)
+    c.all_reduce(x)
+    assert np.array_equal(x, np.arange(4, dtype=np.float32))
+    assert issubclass(monel.CommTimeoutError, monel.MonelError)
+    c.destroy()

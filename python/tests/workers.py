@@ -1,0 +1,262 @@
+"""Rank programs for the tests: `python workers.py NAME [ARGS]` under torchrun-style
+variables. Each checks its results itself (an assertion fails the rank) and prints one JSON
+line last."""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import monel
+
+NP_TYPES = [np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64, np.float16,
+            np.float32, np.float64]
+
+
+def inputs(rank, n, dtype, salt=0):
+    """Small values, so sums and products stay exact in every type."""
+    return ((np.arange(n) * 7 + rank * 3 + salt) % 5 + 1).astype(dtype)
+
+
+def reduce_ref(arrs, op):
+    a = np.stack([x.astype(np.float64) for x in arrs])
+    r = {"sum": a.sum(0), "prod": a.prod(0), "min": a.min(0), "max": a.max(0),
+         "avg": a.sum(0) / len(arrs)}[op]
+    return r
+
+
+def close(got, want, dtype):
+    if np.dtype(dtype).kind == "f":
+        tol = 1e-2 if dtype == np.float16 else 1e-6
+        return np.allclose(got.astype(np.float64), want, rtol=tol, atol=tol)
+    return np.array_equal(got.astype(np.float64), np.trunc(want))
+
+
+def collectives():
+    c = monel.Communicator.from_env()
+    r, n = c.rank, c.size
+    checks = 0
+    for dt in NP_TYPES:
+        for count in (1, 7, 1000):
+            ins = [inputs(q, count, dt) for q in range(n)]
+            for op in ("sum", "prod", "min", "max", "avg"):
+                if op == "avg" and np.dtype(dt).kind != "f":
+                    continue
+                if op == "prod" and n > 3 and np.dtype(dt).itemsize == 1:
+                    continue
+                want = reduce_ref(ins, op)
+                out = np.zeros(count, dt)
+                c.all_reduce(ins[r], out, op=op)
+                assert close(out, want, dt), (dt, count, op, out[:5], want[:5])
+                x = ins[r].copy()
+                c.all_reduce(x, op=op)  # in place
+                assert close(x, want, dt), (dt, count, op, "in place")
+                checks += 2
+            root = n - 1
+            b = ins[r].copy() if r == root else np.zeros(count, dt)
+            c.broadcast(b, root=root)
+            assert np.array_equal(b, ins[root])
+            red = np.zeros(count, dt)
+            c.reduce(ins[r], root=0, out=red, op="max")
+            if r == 0:
+                assert close(red, reduce_ref(ins, "max"), dt)
+            ag = np.zeros(count * n, dt)
+            c.all_gather(ins[r], ag)
+            assert np.array_equal(ag, np.concatenate(ins))
+            big = [inputs(q, count * n, dt, 1) for q in range(n)]
+            rs = np.zeros(count, dt)
+            c.reduce_scatter(big[r], rs)
+            assert close(rs, reduce_ref(big, "sum")[r * count:(r + 1) * count], dt)
+            a2a = np.zeros(count * n, dt)
+            c.all_to_all(big[r], a2a)
+            want = np.concatenate([big[q][r * count:(r + 1) * count] for q in range(n)])
+            assert np.array_equal(a2a, want)
+            g = np.zeros(count * n, dt) if r == 1 % n else None
+            c.gather(ins[r], g, root=1 % n)
+            if r == 1 % n:
+                assert np.array_equal(g, np.concatenate(ins))
+            sc = np.zeros(count, dt)
+            c.scatter(big[0] if r == 0 else None, sc, root=0)
+            assert np.array_equal(sc, big[0][r * count:(r + 1) * count])
+            checks += 7
+    # Point to point: a ring exchange in one group, then plain send/recv in order.
+    nxt, prv = (r + 1) % n, (r - 1) % n
+    got = np.zeros(100, np.float32)
+    c.group([("send", np.full(100, r, np.float32), nxt), ("recv", got, prv)])
+    assert (got == prv).all()
+    if r == 0:
+        c.send(np.arange(10, dtype=np.int64), n - 1)
+    elif r == n - 1:
+        buf = np.zeros(10, np.int64)
+        c.recv(buf, 0)
+        assert np.array_equal(buf, np.arange(10))
+    c.barrier()
+    # Async handles: issue three, then wait.
+    xs = [np.full(4096, r + k, np.float32) for k in range(3)]
+    ws = [c.all_reduce(x, async_op=True) for x in xs]
+    for k, (w, x) in enumerate(zip(ws, xs)):
+        assert w.wait() is True and w.is_completed() and w.is_success()
+        assert (x == sum(q + k for q in range(n))).all()
+    # split: even and odd ranks.
+    sub = c.split(r % 2, key=-r)
+    v = np.array([r], np.int64)
+    sub.all_reduce(v)
+    assert v[0] == sum(q for q in range(n) if q % 2 == r % 2)
+    assert sub.rank == sorted([q for q in range(n) if q % 2 == r % 2], reverse=True).index(r)
+    sub.destroy()
+    print(json.dumps({"rank": r, "checks": checks, "paths": c.paths}))
+    c.destroy()
+
+
+def bad_input():
+    c = monel.Communicator.from_env()
+    seen = []
+
+    def expect(exc, f):
+        try:
+            f()
+        except exc as e:
+            seen.append(f"{exc.__name__}: {e}")
+            return
+        raise AssertionError(f"no {exc.__name__}")
+
+    x = np.ones(8, np.float32)
+    expect(monel.InvalidArgumentError, lambda: c.all_reduce(np.ones(3, np.complex64)))
+    expect(monel.InvalidArgumentError, lambda: c.all_reduce(np.ones((4, 4), np.float32)[:, 1]))
+    ro = np.ones(8, np.float32)
+    ro.flags.writeable = False
+    expect(monel.InvalidArgumentError, lambda: c.all_reduce(x, ro))
+    expect(monel.InvalidArgumentError, lambda: c.all_reduce(x, np.ones(8, np.int32)))
+    expect(monel.InvalidArgumentError, lambda: c.all_reduce(x, np.ones(9, np.float32)))
+    expect(monel.InvalidArgumentError, lambda: c.all_reduce(x, op="mean"))
+    expect(monel.InvalidArgumentError, lambda: c.broadcast(x, root=c.size))
+    expect(monel.InvalidArgumentError, lambda: c.all_gather(x, np.ones(3, np.float32)))
+    expect(monel.InvalidArgumentError, lambda: c.send(x, peer=-1))
+    expect(monel.InvalidArgumentError, lambda: c.all_reduce([1.0, 2.0]))
+    expect(monel.InvalidArgumentError, lambda: c.all_reduce(x[2:], x[:6]))
+    try:
+        import torch
+        t = torch.ones(4, 4)
+        expect(monel.InvalidArgumentError, lambda: c.all_reduce(t.t()))
+        expect(monel.InvalidArgumentError, lambda: c.all_reduce(torch.ones(3, dtype=torch.bool)))
+    except ImportError:
+        pass
+    # Still usable after every local error.
+    c.all_reduce(x)
+    assert (x == c.size).all()
+    print(json.dumps({"rank": c.rank, "errors": seen}))
+
+
+def mismatch():
+    c = monel.Communicator.from_env()
+    n = 4 if c.rank == 0 else 5
+    try:
+        c.all_reduce(np.ones(n, np.float32))
+    except monel.MonelError as e:
+        print(json.dumps({"rank": c.rank, "error": type(e).__name__, "msg": str(e)}))
+        return
+    raise AssertionError("a count mismatch went unnoticed")
+
+
+def dead_peer():
+    c = monel.Communicator.from_env()
+    c.barrier()
+    if c.rank == c.size - 1:
+        os._exit(0)  # dies without a word
+    t = time.monotonic()
+    try:
+        c.all_reduce(np.ones(1 << 16, np.float32))
+    except monel.MonelError as e:
+        print(json.dumps({"rank": c.rank, "error": type(e).__name__, "ranks": e.ranks,
+                          "msg": str(e), "seconds": time.monotonic() - t}))
+        return
+    raise AssertionError("the dead peer went unnoticed")
+
+
+def torch_collectives():
+    import torch
+    import torch.distributed as dist
+    import monel.torch  # noqa: F401
+
+    dist.init_process_group("monel")
+    r, n = dist.get_rank(), dist.get_world_size()
+    assert dist.get_backend() == "monel"
+    for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
+               torch.int64):
+        t = torch.arange(6, dtype=dt) + r
+        dist.all_reduce(t)
+        assert torch.equal(t, (torch.arange(6) * n + sum(range(n))).to(dt)), (dt, t)
+    t = torch.full((3,), float(r))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    assert (t == n - 1).all()
+    t = torch.full((3,), float(r + 1))
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    assert torch.allclose(t, torch.full((3,), (n + 1) / 2))
+    b = torch.full((5,), float(r))
+    dist.broadcast(b, src=1)
+    assert (b == 1).all()
+    red = torch.full((2, 2), float(r))
+    dist.reduce(red, dst=0)
+    if r == 0:
+        assert (red == sum(range(n))).all()
+    outs = [torch.zeros(2, 3) for _ in range(n)]
+    dist.all_gather(outs, torch.full((2, 3), float(r)))
+    assert all((o == q).all() for q, o in enumerate(outs))
+    flat = torch.zeros(n * 4)
+    dist.all_gather_into_tensor(flat, torch.full((4,), float(r)))
+    assert torch.equal(flat, torch.arange(n).repeat_interleave(4).float())
+    rs = torch.zeros(4)
+    dist.reduce_scatter_tensor(rs, torch.arange(n * 4, dtype=torch.float32) + r)
+    assert torch.equal(rs, (torch.arange(r * 4, r * 4 + 4) * n + sum(range(n))).float())
+    rs2 = torch.zeros(3)
+    dist.reduce_scatter(rs2, [torch.full((3,), float(q + r)) for q in range(n)])
+    assert (rs2 == sum(r + q for q in range(n))).all()
+    a2a = torch.zeros(n * 2)
+    dist.all_to_all_single(a2a, torch.arange(n * 2, dtype=torch.float32) + 100 * r)
+    want = torch.cat([torch.arange(r * 2, r * 2 + 2).float() + 100 * q for q in range(n)])
+    assert torch.equal(a2a, want), (a2a, want)
+    # Uneven splits: rank r sends q+1 elements to rank q.
+    ins = torch.cat([torch.full((q + 1,), float(r)) for q in range(n)])
+    out = torch.zeros(n * (r + 1))
+    dist.all_to_all_single(out, ins, output_split_sizes=[r + 1] * n,
+                           input_split_sizes=[q + 1 for q in range(n)])
+    assert torch.equal(out, torch.arange(n).repeat_interleave(r + 1).float())
+    outl = [torch.zeros(2) for _ in range(n)]
+    dist.all_to_all(outl, [torch.full((2,), float(r * 10 + q)) for q in range(n)])
+    assert all((o == q * 10 + r).all() for q, o in enumerate(outl))
+    g = [torch.zeros(2) for _ in range(n)] if r == 0 else None
+    dist.gather(torch.full((2,), float(r)), g, dst=0)
+    if r == 0:
+        assert all((x == q).all() for q, x in enumerate(g))
+    s = torch.zeros(2)
+    dist.scatter(s, [torch.full((2,), float(q)) for q in range(n)] if r == 0 else None, src=0)
+    assert (s == r).all()
+    if r == 0:
+        dist.send(torch.arange(5.0), dst=n - 1)
+    elif r == n - 1:
+        x = torch.zeros(5)
+        dist.recv(x, src=0)
+        assert torch.equal(x, torch.arange(5.0))
+    reqs = dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, torch.full((3,), float(r)), (r + 1) % n),
+        dist.P2POp(dist.irecv, recv := torch.zeros(3), (r - 1) % n),
+    ])
+    for q in reqs:
+        q.wait()
+    assert (recv == (r - 1) % n).all()
+    w = dist.all_reduce(t2 := torch.ones(1000), async_op=True)
+    fut = w.get_future()
+    w.wait()
+    assert fut.done() and (t2 == n).all()
+    objs = [None] * n
+    dist.all_gather_object(objs, {"rank": r})
+    assert [o["rank"] for o in objs] == list(range(n))
+    dist.barrier()
+    dist.destroy_process_group()
+    print(json.dumps({"rank": r, "ok": True}))
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]](*sys.argv[2:])
