@@ -18,7 +18,6 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 
-
 create_exception!(_monel, MonelError, PyException, "Any error from Monel.");
 create_exception!(
     _monel,
@@ -177,7 +176,7 @@ enum Op {
 
 enum Outcome {
     Done,
-    Split(Option<Communicator>),
+    Split(Option<Box<Communicator>>),
 }
 
 /// Completion of one job, shared by the worker and the [`Work`] handle.
@@ -207,7 +206,11 @@ impl Done {
                     if left.is_zero() {
                         return None;
                     }
-                    g = self.cv.wait_timeout(g, left).unwrap_or_else(PoisonError::into_inner).0;
+                    g = self
+                        .cv
+                        .wait_timeout(g, left)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
                 }
             }
         }
@@ -255,7 +258,7 @@ fn run_op(c: &mut Communicator, op: Op) -> Result<Outcome, CclError> {
                 .collect();
             c.group(ops).map(|()| Outcome::Done)
         }
-        Op::Split { color, key } => c.split(color, key).map(Outcome::Split),
+        Op::Split { color, key } => c.split(color, key).map(|s| Outcome::Split(s.map(Box::new))),
     }
 }
 
@@ -265,7 +268,10 @@ fn worker(mut c: Communicator, jobs: Receiver<Job>) {
         let r = match r {
             Ok(Outcome::Done) => Ok(()),
             Ok(Outcome::Split(s)) => {
-                *job.done.split.lock().unwrap_or_else(PoisonError::into_inner) = s;
+                *job.done
+                    .split
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = s.map(|b| *b);
                 Ok(())
             }
             Err(e) => Err(e),
@@ -312,7 +318,11 @@ impl Work {
     /// True if the operation finished without error.
     fn is_success(&self) -> bool {
         matches!(
-            *self.done.state.lock().unwrap_or_else(PoisonError::into_inner),
+            *self
+                .done
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
             Some(Ok(()))
         )
     }
@@ -346,7 +356,13 @@ impl Comm {
         }
     }
 
-    fn submit(&self, py: Python<'_>, op: Op, bufs: Vec<PyBuffer<u8>>, async_op: bool) -> PyResult<Work> {
+    fn submit(
+        &self,
+        py: Python<'_>,
+        op: Op,
+        bufs: Vec<PyBuffer<u8>>,
+        async_op: bool,
+    ) -> PyResult<Work> {
         let done = Arc::new(Done::default());
         let q = self
             .queue
@@ -366,7 +382,11 @@ impl Comm {
     }
 }
 
-fn join(py: Python<'_>, cfg: CommConfig, make: impl FnOnce(CommConfig) -> Result<Communicator, CclError> + Send) -> PyResult<Comm> {
+fn join(
+    py: Python<'_>,
+    cfg: CommConfig,
+    make: impl FnOnce(CommConfig) -> Result<Communicator, CclError> + Send,
+) -> PyResult<Comm> {
     py.detach(move || make(cfg))
         .map(Comm::start)
         .map_err(|e| py_err(&e))
@@ -389,7 +409,13 @@ impl Comm {
     /// variables configure it, `timeout` (seconds) overrides `MONEL_TIMEOUT`.
     #[new]
     #[pyo3(signature = (size, rank, unique_id, timeout=None))]
-    fn new(py: Python<'_>, size: usize, rank: usize, unique_id: &str, timeout: Option<f64>) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        size: usize,
+        rank: usize,
+        unique_id: &str,
+        timeout: Option<f64>,
+    ) -> PyResult<Self> {
         let id: UniqueId = unique_id
             .parse()
             .map_err(|e: CclError| BootstrapError::new_err(e.to_string()))?;
@@ -449,7 +475,10 @@ impl Comm {
             "barrier" => Collective::Barrier,
             _ => return Err(invalid(format!("unknown collective {name:?}"))),
         };
-        let s = send.as_ref().map(|b| Region::of(b, false, "input")).transpose()?;
+        let s = send
+            .as_ref()
+            .map(|b| Region::of(b, false, "input"))
+            .transpose()?;
         let r = Region::of(&recv, true, "output")?;
         let mut bufs = vec![recv];
         bufs.extend(send);
@@ -479,9 +508,19 @@ impl Comm {
         let mut parts = Vec::with_capacity(ops.len());
         let mut bufs = Vec::with_capacity(ops.len());
         for (send, b, count, dtype, peer) in ops {
-            let region = Region::of(&b, !send, if send { "send buffer" } else { "receive buffer" })?;
+            let region = Region::of(
+                &b,
+                !send,
+                if send {
+                    "send buffer"
+                } else {
+                    "receive buffer"
+                },
+            )?;
             if !send && parts.iter().any(|p: &P2p| p.region.overlaps(region)) {
-                return Err(invalid("a receive buffer overlaps another buffer of the group"));
+                return Err(invalid(
+                    "a receive buffer overlaps another buffer of the group",
+                ));
             }
             parts.push(P2p {
                 send,
@@ -494,7 +533,9 @@ impl Comm {
         }
         for p in parts.iter().filter(|p| p.send) {
             if parts.iter().any(|q| !q.send && q.region.overlaps(p.region)) {
-                return Err(invalid("a send buffer overlaps a receive buffer of the group"));
+                return Err(invalid(
+                    "a send buffer overlaps a receive buffer of the group",
+                ));
             }
         }
         self.submit(py, Op::Group(parts), bufs, async_op)
@@ -505,7 +546,12 @@ impl Comm {
     #[pyo3(signature = (color, key=0))]
     fn split(&self, py: Python<'_>, color: Option<u32>, key: i64) -> PyResult<Option<Self>> {
         let w = self.submit(py, Op::Split { color, key }, Vec::new(), false)?;
-        let c = w.done.split.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let c = w
+            .done
+            .split
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         Ok(c.map(Self::start))
     }
 
@@ -555,7 +601,10 @@ fn _monel(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Work>()?;
     m.add_function(wrap_pyfunction!(create_unique_id, m)?)?;
     m.add("MonelError", py.get_type::<MonelError>())?;
-    m.add("InvalidArgumentError", py.get_type::<InvalidArgumentError>())?;
+    m.add(
+        "InvalidArgumentError",
+        py.get_type::<InvalidArgumentError>(),
+    )?;
     m.add("MismatchError", py.get_type::<MismatchError>())?;
     m.add("CommTimeoutError", py.get_type::<CommTimeoutError>())?;
     m.add("PeerLostError", py.get_type::<PeerLostError>())?;

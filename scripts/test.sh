@@ -1,0 +1,22 @@
+#!/bin/bash
+# The whole test suite: the Rust workspace, then the Python package and the PyTorch backend
+# (pytest, real processes, DDP training). The Python part builds the package into a venv
+# ($MONEL_PY_VENV, default target/py-venv) with torch from PyPI (the default wheel pulls
+# about 5 GB of CUDA libraries even for CPU use; about a minute on a fresh machine).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cargo test --workspace --release
+
+venv=${MONEL_PY_VENV:-$PWD/target/py-venv}
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv" 2> /dev/null || {
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv > /dev/null
+    python3 -m venv "$venv"
+  }
+fi
+"$venv/bin/python" -c "import torch, sklearn, pytest, maturin" 2> /dev/null ||
+  "$venv/bin/pip" install -q torch numpy scikit-learn pytest maturin
+"$venv/bin/pip" install -q ./python
+# Run from the repository root, so `import monel` finds the installed package.
+"$venv/bin/python" -m pytest -q python/tests
