@@ -12,7 +12,9 @@ on numpy arrays and CPU torch tensors, without copying them.
 
 from __future__ import annotations
 
+import atexit
 import sys
+import weakref
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -57,8 +59,23 @@ _NUMPY_TYPES = {
 
 _OPS = ("sum", "prod", "min", "max", "avg")
 
+# Communicators still open at exit are destroyed before the interpreter finalizes: their
+# worker threads take the GIL to release buffers, which a finalizing interpreter forbids.
+_LIVE: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+
+
+@atexit.register
+def _destroy_all() -> None:
+    for c in list(_LIVE):
+        c.destroy()
+
+
+_TORCH_TYPES: dict = {}
+
 
 def _torch_types() -> dict:
+    if _TORCH_TYPES:
+        return _TORCH_TYPES
     torch = sys.modules.get("torch")
     if torch is None:
         return {}
@@ -80,6 +97,7 @@ def _torch_types() -> dict:
     ):
         if hasattr(torch, name):
             t[getattr(torch, name)] = monel_name
+    _TORCH_TYPES.update(t)
     return t
 
 
@@ -102,9 +120,11 @@ def as_bytes(x: Any, what: str, writable: bool = False) -> tuple[np.ndarray, str
             raise InvalidArgumentError(f"{what}: torch type {x.dtype} is not supported")
         if not x.is_contiguous():
             raise InvalidArgumentError(f"{what}: the tensor is not contiguous (call .contiguous())")
-        flat = x.detach().reshape(-1)
-        n = flat.numel()
-        return flat.view(_torch_u8()).numpy(), dtype, n
+        d = x.detach()
+        if d.dim() == 0:
+            d = d.reshape(1)
+        # A uint8 view of the same memory (the buffer protocol wants no more than C order).
+        return d.view(_torch_u8()).numpy(), dtype, x.numel()
     if isinstance(x, np.ndarray):
         dtype = _NUMPY_TYPES.get(x.dtype)
         if dtype is None:
@@ -115,7 +135,7 @@ def as_bytes(x: Any, what: str, writable: bool = False) -> tuple[np.ndarray, str
             )
         if writable and not x.flags.writeable:
             raise InvalidArgumentError(f"{what}: the array is read-only")
-        return x.reshape(-1).view(np.uint8), dtype, x.size
+        return (x.view(np.uint8) if x.ndim else x.reshape(1).view(np.uint8)), dtype, x.size
     raise InvalidArgumentError(
         f"{what}: want a numpy array or a CPU torch tensor, got {type(x).__name__}"
     )
@@ -145,6 +165,7 @@ class Communicator:
     def __init__(self, size: int, rank: int, unique_id: str, timeout: Optional[float] = None):
         """Joins the communicator `unique_id` names (from `create_unique_id` on one rank)."""
         self._c = _monel.Comm(size, rank, unique_id, timeout)
+        _LIVE.add(self)
 
     @classmethod
     def from_env(cls) -> "Communicator":
@@ -152,12 +173,14 @@ class Communicator:
         MONEL_* variables."""
         self = cls.__new__(cls)
         self._c = _monel.Comm.from_env()
+        _LIVE.add(self)
         return self
 
     @classmethod
     def _wrap(cls, c) -> "Communicator":
         self = cls.__new__(cls)
         self._c = c
+        _LIVE.add(self)
         return self
 
     @property

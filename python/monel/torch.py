@@ -5,23 +5,25 @@ The process group is a Python `ProcessGroup` whose operations run on a Monel com
 (shared memory between local ranks, the soft RoCE NIC or TCP between hosts). The ranks find
 each other through torch's own store: rank 0 starts Monel's rendezvous and publishes its
 unique id there. Every operation is issued to Monel at once (Monel runs them in order on its
-own thread, without the GIL) and returns a `Work` backed by a torch `Future` that a helper
-thread completes; `wait()` raises Monel's error (timeouts name the ranks missing).
+own thread, without the GIL) and returns a `Work` whose `wait()` waits on Monel directly and
+raises its error (timeouts name the ranks missing); `get_future()` (DDP's hooks) is completed
+by a helper thread.
 CPU tensors only.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import socket
 import threading
+import weakref
 from datetime import timedelta
 from typing import Optional
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 
 import monel
@@ -41,6 +43,8 @@ _OPS = {
 
 
 def _op(reduce_op) -> str:
+    if reduce_op == dist.ReduceOp.SUM:
+        return "sum"
     for k, v in _OPS.items():
         if reduce_op == k:
             return v
@@ -55,41 +59,97 @@ def _root_ip() -> str:
         return "127.0.0.1"
 
 
+class _Work(dist._Work):
+    """Monel operations behind one torch Work: `wait()` waits on them directly (no thread
+    hop); a future, for DDP's hooks and `get_future()`, is made only when asked for and
+    completed by the completer thread."""
+
+    def __init__(self, completer: "_Completer", works, value, after=None):
+        super().__init__()
+        self._completer, self._works, self._value, self._after = completer, works, value, after
+        self._lock = threading.Lock()
+        self._finished = False
+        self._future: Optional[Future] = None
+
+    def _finish(self) -> None:
+        for w in self._works:
+            w.wait()
+        with self._lock:
+            if not self._finished:
+                self._finished = True
+                if self._after is not None:
+                    self._after()
+
+    def wait(self, timeout=None) -> bool:
+        self._finish()
+        fut = self._future
+        if fut is not None:
+            fut.wait()  # done once wait() returns, as torch's own backends do
+        return True
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+    def is_success(self) -> bool:
+        return all(w.is_success() for w in self._works)
+
+    def get_future(self) -> Future:
+        with self._lock:
+            if self._future is None:
+                self._future = Future()
+                self._completer.complete(self, self._future)
+            return self._future
+
+    def result(self):
+        return self._value
+
+
 class _Completer:
-    """Completes torch futures as Monel's works finish, in order, on one daemon thread."""
+    """Completes the futures asked of works, in order, on one daemon thread."""
 
     def __init__(self) -> None:
         self._q: queue.Queue = queue.Queue()
         self._t = threading.Thread(target=self._run, name="monel-completer", daemon=True)
         self._t.start()
+        _COMPLETERS.add(self)
 
     def _run(self) -> None:
         while True:
             item = self._q.get()
             if item is None:
                 return
-            works, fut, value, after = item
+            work, fut = item
             try:
-                for w in works:
-                    w.wait()
-                if after is not None:
-                    after()
-                fut.set_result(value)
-            except BaseException as e:  # the error goes to whoever waits on the work
+                work._finish()
+                fut.set_result(work._value)
+            except BaseException as e:  # the error goes to whoever waits on the future
                 fut.set_exception(e)
 
-    def track(self, works, value, after=None):
-        fut = Future()
-        self._q.put((works, fut, value, after))
-        return _create_work_from_future(fut)
+    def complete(self, work: _Work, fut: Future) -> None:
+        self._q.put((work, fut))
 
-    def done(self, value):
-        fut = Future()
-        fut.set_result(value)
-        return _create_work_from_future(fut)
+    def track(self, works, value, after=None) -> _Work:
+        return _Work(self, works, value, after)
+
+    def done(self, value) -> _Work:
+        return _Work(self, [], value)
 
     def stop(self) -> None:
-        self._q.put(None)
+        """Ends the thread and waits for it: a daemon thread still inside torch's C++ when
+        the interpreter finalizes would be torn down mid-call (std::terminate)."""
+        if self._t.is_alive():
+            self._q.put(None)
+            if threading.current_thread() is not self._t:
+                self._t.join()
+
+
+_COMPLETERS: "weakref.WeakSet[_Completer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_completers() -> None:
+    for c in list(_COMPLETERS):
+        c.stop()
 
 
 class ProcessGroupMonel(dist.ProcessGroup):
