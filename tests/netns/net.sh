@@ -18,7 +18,10 @@ up)
   ip netns exec mnl-sw sysctl -qw net.ipv6.conf.all.disable_ipv6=1
   ip netns exec mnl-sw sysctl -qw net.ipv6.conf.default.disable_ipv6=1
   for side in a b; do
-    ip link add "${side}0" netns "mnl-$side" mtu "$mtu" type veth peer name "sw$side" netns mnl-sw mtu "$mtu"
+    # gso_max_segs 1: the hosts' veths segment in software, as a NIC without UDP
+    # segmentation offload does, so the switch's packet sockets see wire-size datagrams
+    # (a veth otherwise hands a whole GSO message over as one frame).
+    ip link add "${side}0" netns "mnl-$side" mtu "$mtu" gso_max_segs 1 type veth peer name "sw$side" netns mnl-sw mtu "$mtu"
     ip -n "mnl-$side" link set "${side}0" up
     ip -n mnl-sw link set "sw$side" up
   done
