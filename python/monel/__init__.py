@@ -248,19 +248,13 @@ class Communicator:
                                async_op)
         return w if async_op else None
 
-    def _gathering(self, name, x, out, root=0, async_op=False, op="sum"):
-        xb, t, n, ob, _, on = self._pair(x, out)
-        if ob is None:
-            raise InvalidArgumentError(f"{name} needs an output buffer")
-        w = self._c.collective(name, t, n, xb, ob, op, root, async_op)
-        return w if async_op else None
-
     def all_gather(self, x, out, async_op: bool = False) -> Optional[Work]:
         """Concatenates every rank's `x` (rank order) into `out` (size * x.size elements)."""
-        _, _, n, _, _, on = self._pair(x, out)
+        xb, t, n, ob, _, on = self._pair(x, out)
         if on != n * self.size:
             raise InvalidArgumentError(f"out has {on} elements, want {self.size} x {n}")
-        return self._gathering("all_gather", x, out, async_op=async_op)
+        w = self._c.collective("all_gather", t, n, xb, ob, "sum", 0, async_op)
+        return w if async_op else None
 
     def reduce_scatter(self, x, out, op: str = "sum", async_op: bool = False) -> Optional[Work]:
         """Reduces `x` (size * out.size elements) and leaves rank r's block in `out`."""

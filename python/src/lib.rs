@@ -382,14 +382,12 @@ impl Comm {
     }
 }
 
+/// Runs a communicator's (blocking) setup without the GIL and starts its worker.
 fn join(
     py: Python<'_>,
-    cfg: CommConfig,
-    make: impl FnOnce(CommConfig) -> Result<Communicator, CclError> + Send,
+    make: impl FnOnce() -> Result<Communicator, CclError> + Send,
 ) -> PyResult<Comm> {
-    py.detach(move || make(cfg))
-        .map(Comm::start)
-        .map_err(|e| py_err(&e))
+    py.detach(make).map(Comm::start).map_err(|e| py_err(&e))
 }
 
 fn config(timeout: Option<f64>) -> PyResult<CommConfig> {
@@ -419,16 +417,15 @@ impl Comm {
         let id: UniqueId = unique_id
             .parse()
             .map_err(|e: CclError| BootstrapError::new_err(e.to_string()))?;
-        join(py, config(timeout)?, move |cfg| {
-            Communicator::init_rank(size, rank, &id, cfg)
-        })
+        let cfg = config(timeout)?;
+        join(py, move || Communicator::init_rank(size, rank, &id, cfg))
     }
 
     /// Joins from the launcher's variables (torchrun, Slurm, mpirun, `MONEL_*`; the timeout
     /// is `MONEL_TIMEOUT`).
     #[staticmethod]
     fn from_env(py: Python<'_>) -> PyResult<Self> {
-        join(py, config(None)?, |_| Communicator::from_env())
+        join(py, Communicator::from_env)
     }
 
     /// This rank.

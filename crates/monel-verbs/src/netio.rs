@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use monel_wire::{FrameRepr, ICRC_LEN};
+use monel_wire::{FrameRepr, ICRC_LEN, IpAddress};
 use nix::sys::socket::{
     ControlMessage, ControlMessageOwned, MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg,
     sendmmsg, setsockopt, sockopt,
@@ -203,9 +203,9 @@ impl RxBatch {
         let mut got = 0;
         for m in res {
             got += 1;
-            let Some(src) = m.address.as_ref().and_then(to_std) else {
-                continue;
-            };
+            // meta[i] describes bufs[i]: a datagram without a usable source is kept, marked
+            // unusable (the engine drops it as malformed).
+            let src = m.address.as_ref().and_then(to_std);
             let mut tos = 0u8;
             let mut seg = None;
             if let Ok(cmsgs) = m.cmsgs() {
@@ -223,10 +223,11 @@ impl RxBatch {
             let len = m.bytes.min(size);
             self.meta.push(RxMeta {
                 len,
-                src,
+                src: src.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
                 tos,
                 // Too big for one packet (a coalesced buffer is checked datagram by datagram).
-                truncated: m.bytes >= size
+                truncated: src.is_none()
+                    || m.bytes >= size
                     || m.flags.contains(MsgFlags::MSG_TRUNC)
                     || (seg.is_none() && m.bytes > MAX_DATAGRAM),
                 seg: seg.unwrap_or(len),
@@ -311,14 +312,13 @@ impl TxBatch {
         len: usize,
         framing: FrameRepr,
     ) -> bool {
-        let hl = framing.header_len();
-        let buf = self.next_buf();
-        if len < 12 + ICRC_LEN
-            || TX_HEADROOM + len > buf.len()
-            || framing
-                .emit_headers(&mut buf[TX_HEADROOM - hl..TX_HEADROOM], len)
-                .is_err()
-        {
+        // What `FrameRepr::emit` needs, checked here so the flush (which frames once the IP
+        // IDs are known) cannot fail.
+        let same_family = matches!(
+            (framing.src, framing.dst),
+            (IpAddress::V4(_), IpAddress::V4(_)) | (IpAddress::V6(_), IpAddress::V6(_))
+        );
+        if len < 12 + ICRC_LEN || TX_HEADROOM + len > self.next_buf().len() || !same_family {
             return false;
         }
         self.items.push(TxItem {
