@@ -18,6 +18,8 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 
+mod verbs;
+
 create_exception!(_monel, MonelError, PyException, "Any error from Monel.");
 create_exception!(
     _monel,
@@ -607,5 +609,6 @@ fn _monel(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PeerLostError", py.get_type::<PeerLostError>())?;
     m.add("AbortedError", py.get_type::<AbortedError>())?;
     m.add("BootstrapError", py.get_type::<BootstrapError>())?;
+    verbs::register(m)?;
     Ok(())
 }

@@ -4,16 +4,18 @@
 //!
 //! ```text
 //! server -> client  HELLO   "MONELCM1" flags nonce_s[16]
-//! client -> server  REQUEST "MONELREQ" qpn psn gid mtu buf nonce_c[16] mac_c[32]
+//! client -> server  REQUEST "MONELREQ" qpn psn gid mtu buf port nonce_c[16] mac_c[32]
 //! server            (verifies mac_c, brings its QP to RTS)
-//! server -> client  REPLY   "MONELREP" status qpn psn gid mtu buf mac_s[32]
+//! server -> client  REPLY   "MONELREP" status qpn psn gid mtu buf port mac_s[32]
 //! client            (verifies mac_s, brings its QP to RTS)
 //! client -> server  READY   "MONELRDY" mac_r[32]
 //! ```
 //! mac_c = HMAC(secret, "client" | nonce_s | request), mac_s = HMAC(secret, "server" | nonce_c |
 //! request | reply), mac_r = HMAC(secret, "ready" | nonce_s | nonce_c). A side without the
 //! secret sends zero MACs and is refused with a clear error; a peer that speaks anything else
-//! gets a typed error, never a hang (every read has a timeout).
+//! gets a typed error, never a hang (every read has a timeout). `port` is the UDP port the
+//! side's soft RNIC listens on, so several processes can share one address, each on its own
+//! port (real RoCE peers always use 4791).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -174,9 +176,11 @@ struct Params {
     gid: Gid,
     mtu: u8,
     buf: Option<BufferInfo>,
+    /// The UDP port the side's RNIC listens on.
+    port: u16,
 }
 
-const PARAMS_LEN: usize = 4 + 4 + 16 + 1 + 1 + 8 + 4 + 8;
+const PARAMS_LEN: usize = 4 + 4 + 16 + 1 + 1 + 8 + 4 + 8 + 2;
 
 impl Params {
     fn put(&self, out: &mut Vec<u8>) {
@@ -189,6 +193,7 @@ impl Params {
         out.extend_from_slice(&b.addr.to_be_bytes());
         out.extend_from_slice(&b.rkey.0.to_be_bytes());
         out.extend_from_slice(&b.len.to_be_bytes());
+        out.extend_from_slice(&self.port.to_be_bytes());
     }
     fn get(m: &[u8]) -> Result<Self> {
         if m.len() < PARAMS_LEN {
@@ -216,12 +221,17 @@ impl Params {
             }),
             x => return Err(peer(format!("buffer flag {x} invalid"))),
         };
+        let port = u16::from_be_bytes([m[46], m[47]]);
+        if port == 0 {
+            return Err(peer("UDP port 0 invalid"));
+        }
         Ok(Self {
             qpn,
             psn,
             gid: Gid(gid),
             mtu,
             buf,
+            port,
         })
     }
 }
@@ -239,14 +249,15 @@ fn local_params(
     buf: Option<BufferInfo>,
     gid: Gid,
     psn: Psn,
-) -> Params {
-    Params {
+) -> Result<Params> {
+    Ok(Params {
         qpn: qp.qp_num().value(),
         psn: psn.value(),
         gid,
         mtu: mtu_code(cfg.mtu),
         buf,
-    }
+        port: qp.local_udp_port(cfg.gid_index)?,
+    })
 }
 
 fn bring_up(qp: &QueuePair, cfg: &CmConfig, p: &Params, mtu: Mtu, psn: Psn) -> Result<RemoteQp> {
@@ -259,6 +270,7 @@ fn bring_up(qp: &QueuePair, cfg: &CmConfig, p: &Params, mtu: Mtu, psn: Psn) -> R
         sgid_index: cfg.gid_index,
         local_psn: psn,
         mtu,
+        udp_port: Some(p.port),
         ..cfg.params
     };
     qp.connect(&remote, &params)?;
@@ -323,7 +335,7 @@ impl Listener {
         let remote = bring_up(qp, cfg, &theirs, mtu, psn)?;
         let mut rep = REP.to_vec();
         rep.push(0);
-        local_params(qp, cfg, buf, gid, psn).put(&mut rep);
+        local_params(qp, cfg, buf, gid, psn)?.put(&mut rep);
         let m = mac(secret, &[b"server", nc, body, &rep]);
         rep.extend_from_slice(&m);
         send(&mut s, &rep)?;
@@ -380,7 +392,7 @@ pub fn connect(
     let gid = qp_gid(qp, cfg)?;
     let psn = random_psn();
     let mut req = REQ.to_vec();
-    local_params(qp, cfg, buf, gid, psn).put(&mut req);
+    local_params(qp, cfg, buf, gid, psn)?.put(&mut req);
     req.extend_from_slice(&nc);
     let m = mac(secret, &[b"client", &ns, &req]);
     let body_len = req.len();

@@ -46,10 +46,11 @@ pub struct DeviceCounters {
     pub qp: QpStats,
 }
 
-impl fmt::Display for DeviceCounters {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl DeviceCounters {
+    /// Every counter by name, in display order (the QPs' sums prefixed `qp_`).
+    pub fn rows(&self) -> [(&'static str, u64); 29] {
         let q = &self.qp;
-        let rows: [(&str, u64); 29] = [
+        [
             ("rx_packets", self.rx_packets),
             ("rx_bytes", self.rx_bytes),
             ("tx_packets", self.tx_packets),
@@ -79,8 +80,13 @@ impl fmt::Display for DeviceCounters {
             ("qp_cnps_sent", q.cnps_sent),
             ("qp_cnps_received", q.cnps_received),
             ("qp_dropped", q.dropped),
-        ];
-        for (k, v) in rows {
+        ]
+    }
+}
+
+impl fmt::Display for DeviceCounters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (k, v) in self.rows() {
             writeln!(f, "{k:<24} {v}")?;
         }
         Ok(())

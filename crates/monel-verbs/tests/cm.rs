@@ -136,3 +136,51 @@ fn garbage_peer_gets_a_typed_error_not_a_hang() {
     assert!(matches!(e.kind, ErrorKind::Timeout(_)), "{e}");
     t.join().unwrap();
 }
+
+#[test]
+fn two_devices_on_one_address_meet_through_their_own_ports() {
+    // Both RNICs bind 127.0.0.80 on ephemeral UDP ports; only the exchange can tell each
+    // side where the other listens.
+    let l = Listener::bind("127.0.0.80:0".parse().unwrap()).unwrap();
+    let addr = l.local_addr().unwrap();
+    let srv = thread::spawn(move || {
+        let s = side("127.0.0.80", 0);
+        let mr =
+            s.pd.reg_mr(
+                vec![0u8; 4096],
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            )
+            .unwrap();
+        let buf = BufferInfo {
+            addr: mr.addr(),
+            rkey: mr.rkey(),
+            len: 4096,
+        };
+        let mut conn = l.accept(&s.qp, Some(buf), &cfg(None)).unwrap();
+        conn.barrier().unwrap();
+        let got = mr.lock().unwrap().to_vec();
+        drop(s);
+        got
+    });
+    let c = side("127.0.0.80", 0);
+    assert_ne!(c.qp.local_udp_port(0).unwrap(), 0);
+    let mut conn = cm::connect(addr, &c.qp, None, &cfg(None)).unwrap();
+    let b = conn.remote_buf.unwrap();
+    let src =
+        c.pd.reg_mr((0..4096).map(|i| (i % 251) as u8).collect(), AccessFlags::NONE)
+            .unwrap();
+    c.qp.post_send(SendWr {
+        wr_id: 9,
+        op: SendOp::Write(RemoteAddr {
+            addr: b.addr,
+            rkey: b.rkey,
+        }),
+        sg_list: vec![src.sge(0, 4096)],
+        flags: signaled(),
+    })
+    .unwrap();
+    assert_eq!(one(&c.cq).status, WcStatus::Success);
+    conn.barrier().unwrap();
+    let got = srv.join().unwrap();
+    assert!(got.iter().enumerate().all(|(i, &x)| x == (i % 251) as u8));
+}
