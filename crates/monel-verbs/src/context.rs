@@ -686,7 +686,11 @@ impl QueuePair {
     }
     /// The UDP port its device listens on for GID `gid_index`.
     pub fn local_udp_port(&self, gid_index: u8) -> Result<u16> {
-        Ok(self.shared.sockets.local_addr(usize::from(gid_index))?.port())
+        Ok(self
+            .shared
+            .sockets
+            .local_addr(usize::from(gid_index))?
+            .port())
     }
 
     pub(crate) fn with_slot<R>(

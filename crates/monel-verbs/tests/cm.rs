@@ -167,8 +167,11 @@ fn two_devices_on_one_address_meet_through_their_own_ports() {
     let mut conn = cm::connect(addr, &c.qp, None, &cfg(None)).unwrap();
     let b = conn.remote_buf.unwrap();
     let src =
-        c.pd.reg_mr((0..4096).map(|i| (i % 251) as u8).collect(), AccessFlags::NONE)
-            .unwrap();
+        c.pd.reg_mr(
+            (0..4096).map(|i| (i % 251) as u8).collect(),
+            AccessFlags::NONE,
+        )
+        .unwrap();
     c.qp.post_send(SendWr {
         wr_id: 9,
         op: SendOp::Write(RemoteAddr {
