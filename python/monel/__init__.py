@@ -154,13 +154,18 @@ def _check_op(op: str) -> str:
 class Communicator:
     """This process's rank in a group of ranks (`ncclComm_t`).
 
-    Every operation runs on the communicator's own worker thread, in the order issued, with
-    the GIL released. Blocking calls return when the operation finished; with
+    Operations run in the order issued, with the GIL released: a blocking call on the calling
+    thread (no thread hop) unless earlier operations are still queued, an `async_op` one on
+    the communicator's worker thread. Blocking calls return when the operation finished; with
     `async_op=True` they return a `Work` whose `wait()` raises the operation's error. Until
     then the buffers must not be touched. Errors are `MonelError` subclasses; a timeout
     (`MONEL_TIMEOUT`, default 300 s) or a dead peer raises on every surviving rank, and the
     exception's `ranks` names the ranks that did not arrive.
     """
+
+    # Async operations start on the worker after 50 us unless a wait() runs them first (set
+    # by the torch backend, whose blocking calls are async operations waited for at once).
+    _defer = False
 
     def __init__(self, size: int, rank: int, unique_id: str, timeout: Optional[float] = None):
         """Joins the communicator `unique_id` names (from `create_unique_id` on one rank)."""
@@ -225,7 +230,7 @@ class Communicator:
         if ob is not None and on != n:
             raise InvalidArgumentError(f"out has {on} elements, input {n}")
         w = self._c.collective("all_reduce", t, n, None if ob is None else xb,
-                               xb if ob is None else ob, _check_op(op), 0, async_op)
+                               xb if ob is None else ob, _check_op(op), 0, async_op, self._defer)
         return w if async_op else None
 
     def broadcast(self, x, root: int = 0, out=None, async_op: bool = False) -> Optional[Work]:
@@ -234,7 +239,7 @@ class Communicator:
         if ob is not None and on != n:
             raise InvalidArgumentError(f"out has {on} elements, input {n}")
         w = self._c.collective("broadcast", t, n, None if ob is None else xb,
-                               xb if ob is None else ob, "sum", self._root(root), async_op)
+                               xb if ob is None else ob, "sum", self._root(root), async_op, self._defer)
         return w if async_op else None
 
     def reduce(self, x, root: int = 0, out=None, op: str = "sum",
@@ -245,7 +250,7 @@ class Communicator:
             raise InvalidArgumentError(f"out has {on} elements, input {n}")
         w = self._c.collective("reduce", t, n, None if ob is None else xb,
                                xb if ob is None else ob, _check_op(op), self._root(root),
-                               async_op)
+                               async_op, self._defer)
         return w if async_op else None
 
     def all_gather(self, x, out, async_op: bool = False) -> Optional[Work]:
@@ -253,7 +258,7 @@ class Communicator:
         xb, t, n, ob, _, on = self._pair(x, out)
         if on != n * self.size:
             raise InvalidArgumentError(f"out has {on} elements, want {self.size} x {n}")
-        w = self._c.collective("all_gather", t, n, xb, ob, "sum", 0, async_op)
+        w = self._c.collective("all_gather", t, n, xb, ob, "sum", 0, async_op, self._defer)
         return w if async_op else None
 
     def reduce_scatter(self, x, out, op: str = "sum", async_op: bool = False) -> Optional[Work]:
@@ -261,7 +266,7 @@ class Communicator:
         xb, t, n, ob, _, on = self._pair(x, out)
         if n != on * self.size:
             raise InvalidArgumentError(f"input has {n} elements, want {self.size} x {on}")
-        w = self._c.collective("reduce_scatter", t, on, xb, ob, _check_op(op), 0, async_op)
+        w = self._c.collective("reduce_scatter", t, on, xb, ob, _check_op(op), 0, async_op, self._defer)
         return w if async_op else None
 
     def all_to_all(self, x, out, async_op: bool = False) -> Optional[Work]:
@@ -270,7 +275,7 @@ class Communicator:
         if n != on or n % self.size:
             raise InvalidArgumentError(
                 f"input and out must have the same size, divisible by {self.size} (got {n}, {on})")
-        w = self._c.collective("all_to_all", t, n // self.size, xb, ob, "sum", 0, async_op)
+        w = self._c.collective("all_to_all", t, n // self.size, xb, ob, "sum", 0, async_op, self._defer)
         return w if async_op else None
 
     def gather(self, x, out=None, root: int = 0, async_op: bool = False) -> Optional[Work]:
@@ -281,7 +286,7 @@ class Communicator:
             raise InvalidArgumentError(f"out has {on} elements, want {self.size} x {n}")
         if ob is None:
             ob = np.empty(0, np.uint8)
-        w = self._c.collective("gather", t, n, xb, ob, "sum", root, async_op)
+        w = self._c.collective("gather", t, n, xb, ob, "sum", root, async_op, self._defer)
         return w if async_op else None
 
     def scatter(self, x, out, root: int = 0, async_op: bool = False) -> Optional[Work]:
@@ -296,13 +301,13 @@ class Communicator:
                 raise InvalidArgumentError(f"input is {xt} but out is {t}")
             if self.rank == root and n != on * self.size:
                 raise InvalidArgumentError(f"input has {n} elements, want {self.size} x {on}")
-        w = self._c.collective("scatter", t, on, xb, ob, "sum", root, async_op)
+        w = self._c.collective("scatter", t, on, xb, ob, "sum", root, async_op, self._defer)
         return w if async_op else None
 
     def barrier(self, async_op: bool = False) -> Optional[Work]:
         """Returns once every rank called it."""
         w = self._c.collective("barrier", "uint8", 0, None, np.empty(0, np.uint8), "sum", 0,
-                               async_op)
+                               async_op, self._defer)
         return w if async_op else None
 
     # -- point to point --------------------------------------------------------------------
@@ -328,7 +333,7 @@ class Communicator:
                 raise InvalidArgumentError(f"peer {peer!r} is not a rank (0..{self.size - 1})")
             b, t, n = as_bytes(buf, kind, writable=kind == "recv")
             parts.append((kind == "send", b, n, t, peer))
-        w = self._c.group(parts, async_op)
+        w = self._c.group(parts, async_op, self._defer)
         return w if async_op else None
 
     # -- lifetime --------------------------------------------------------------------------

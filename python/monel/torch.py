@@ -22,6 +22,7 @@ import weakref
 from datetime import timedelta
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.futures import Future
@@ -60,25 +61,23 @@ def _root_ip() -> str:
 
 
 class _Work(dist._Work):
-    """Monel operations behind one torch Work: `wait()` waits on them directly (no thread
-    hop); a future, for DDP's hooks and `get_future()`, is made only when asked for and
-    completed by the completer thread."""
+    """Monel operations behind one torch Work: `wait()` waits on them directly (and runs them
+    on the waiting thread when Monel has not started them yet); a future, for DDP's hooks
+    and `get_future()`, is made only when asked for and completed by the completer thread."""
 
     def __init__(self, completer: "_Completer", works, value, after=None):
         super().__init__()
         self._completer, self._works, self._value, self._after = completer, works, value, after
-        self._lock = threading.Lock()
-        self._finished = False
         self._future: Optional[Future] = None
 
     def _finish(self) -> None:
         for w in self._works:
             w.wait()
-        with self._lock:
-            if not self._finished:
-                self._finished = True
-                if self._after is not None:
-                    self._after()
+        if self._after is not None:
+            with _AFTER_LOCK:  # the waiter and the completer may both get here
+                after, self._after = self._after, None
+            if after is not None:
+                after()
 
     def wait(self, timeout=None) -> bool:
         self._finish()
@@ -94,7 +93,7 @@ class _Work(dist._Work):
         return all(w.is_success() for w in self._works)
 
     def get_future(self) -> Future:
-        with self._lock:
+        with _AFTER_LOCK:
             if self._future is None:
                 self._future = Future()
                 self._completer.complete(self, self._future)
@@ -102,6 +101,30 @@ class _Work(dist._Work):
 
     def result(self):
         return self._value
+
+
+_AFTER_LOCK = threading.Lock()
+
+# torch types whose CPU tensors `.numpy()` exports as they are (bf16 and fp8 go the general way).
+_NUMPY_EXPORTABLE = {
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.float16: "float16",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.int32: "int32",
+    torch.int64: "int64",
+}
+
+
+def _view(t):
+    """A uint8 view of tensor `t`'s memory, its Monel type name and element count; the
+    common case (a contiguous CPU tensor of a numpy type, no autograd) in about a
+    microsecond, everything else through `monel.as_bytes` and its checks."""
+    name = _NUMPY_EXPORTABLE.get(t.dtype)
+    if name is not None and t.is_cpu and t.is_contiguous() and not t.requires_grad and t.dim():
+        return t.numpy().view(np.uint8), name, t.numel()
+    return monel.as_bytes(t, "tensor", True)
 
 
 class _Completer:
@@ -168,6 +191,10 @@ class ProcessGroupMonel(dist.ProcessGroup):
         if os.environ.get("MONEL_TIMEOUT"):
             secs = None  # the user's MONEL_TIMEOUT wins
         self.comm = monel.Communicator(size, rank, uid, timeout=secs)
+        # torch issues every operation asynchronously and waits for most at once: a wait()
+        # within 50 us runs the operation on the waiting thread, without a thread hop.
+        self.comm._defer = True
+        self._native = self.comm._c
         self._done = _Completer()
         self._coalesced: Optional[list] = None
 
@@ -186,8 +213,12 @@ class ProcessGroupMonel(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         op = _op(opts.reduceOp) if opts is not None else "sum"
-        works = [self.comm.all_reduce(t, op=op, async_op=True) for t in tensors]
-        return self._done.track(works, tensors)
+        coll = self._native.collective
+        works = []
+        for t in tensors:
+            v, dtype, n = _view(t)
+            works.append(coll("all_reduce", dtype, n, None, v, op, 0, True, True))
+        return _Work(self._done, works, tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)

@@ -1,11 +1,12 @@
 //! `monel._monel`: the native half of Monel's Python package. A [`Comm`] owns a Monel
-//! communicator on a worker thread of its own; every operation, blocking or not, is a job on
-//! that thread's queue, so operations run in the order they were issued and the calling thread
-//! waits without the GIL. Buffers arrive through the buffer protocol (the Python half hands
+//! communicator and a queue of jobs that run in the order they were issued, without the GIL:
+//! a worker thread of its own drains the queue, and a caller that waits on the job at its
+//! head while nothing runs takes it and runs it itself (a blocking call on an idle
+//! communicator costs no thread hop). Buffers arrive through the buffer protocol (the Python half hands
 //! over contiguous byte views of numpy arrays and CPU tensors): no copy.
 
-use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -224,7 +225,26 @@ struct Job {
     /// Keeps the exporters' memory in place until the operation finished.
     bufs: Vec<PyBuffer<u8>>,
     done: Arc<Done>,
+    /// When the worker may take it (`None`: never; the caller runs it).
+    ready_at: Option<Instant>,
 }
+
+/// Who starts a job.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// The caller, which waits for it at once (a blocking call): no thread hop.
+    Caller,
+    /// The worker, now.
+    Now,
+    /// The worker after [`DEFER`], unless a caller waits for it (or a later job) first and
+    /// runs it itself. For frameworks that issue every operation asynchronously and wait for
+    /// most of them at once (torch's blocking calls): the common case runs on the caller,
+    /// and a stream of such jobs wakes the worker about once per `DEFER`, not once per job.
+    Deferred,
+}
+
+/// How long a deferred job waits for a caller before the worker starts it.
+const DEFER: Duration = Duration::from_millis(5);
 
 fn run_op(c: &mut Communicator, op: Op) -> Result<Outcome, CclError> {
     match op {
@@ -264,9 +284,69 @@ fn run_op(c: &mut Communicator, op: Op) -> Result<Outcome, CclError> {
     }
 }
 
-fn worker(mut c: Communicator, jobs: Receiver<Job>) {
-    for job in jobs {
-        let r = run_op(&mut c, job.op);
+/// What the queue's lock guards.
+struct QState {
+    jobs: VecDeque<Job>,
+    /// A job is running (on the worker or on a caller).
+    running: bool,
+    /// No more jobs: the worker ends once the queue is empty.
+    closed: bool,
+    /// The worker sleeps with a deadline no later than any deferred job's start, so a new
+    /// deferred job need not wake it.
+    worker_timed: bool,
+    /// When the last deferred job was queued.
+    last_deferred: Option<Instant>,
+}
+
+/// A communicator's jobs, in issue order, and the communicator they run on. One job runs at
+/// a time, on the worker thread or on a caller that waits for a queued job: that caller runs
+/// the jobs ahead of its own, then its own.
+struct Queue {
+    state: Mutex<QState>,
+    /// The worker sleeps here until there is a job it may take.
+    work_cv: Condvar,
+    /// Waiting callers sleep here while another thread runs a job.
+    idle_cv: Condvar,
+    comm: Mutex<Communicator>,
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, QState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues a job.
+    fn push(&self, mut job: Job, start: Start) -> Result<(), Job> {
+        job.ready_at = match start {
+            Start::Caller => None,
+            Start::Now => Some(Instant::now()),
+            Start::Deferred => Some(Instant::now() + DEFER),
+        };
+        let mut st = self.lock();
+        if st.closed {
+            return Err(job);
+        }
+        if start == Start::Deferred {
+            st.last_deferred = job.ready_at;
+        }
+        st.jobs.push_back(job);
+        let wake = match start {
+            Start::Caller => false,
+            Start::Now => true,
+            Start::Deferred => !st.worker_timed,
+        };
+        if wake {
+            self.work_cv.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Runs `job`, then lets the next one go.
+    fn run(&self, job: Job) {
+        let r = run_op(
+            &mut self.comm.lock().unwrap_or_else(PoisonError::into_inner),
+            job.op,
+        );
         let r = match r {
             Ok(Outcome::Done) => Ok(()),
             Ok(Outcome::Split(s)) => {
@@ -280,7 +360,125 @@ fn worker(mut c: Communicator, jobs: Receiver<Job>) {
         };
         // Release the buffers before anyone learns the operation finished.
         Python::attach(|_| drop(job.bufs));
+        {
+            let mut st = self.lock();
+            st.running = false;
+            if !st.jobs.is_empty() || st.closed {
+                self.work_cv.notify_one();
+                self.idle_cv.notify_all();
+            }
+        }
         job.done.finish(r);
+    }
+
+    /// Runs queued jobs on this thread, in order, up to and including the job of `done`;
+    /// returns once that job has been taken (here or by another thread).
+    fn run_through(&self, done: &Arc<Done>) {
+        loop {
+            let job = {
+                let mut st = self.lock();
+                loop {
+                    if !st.jobs.iter().any(|j| Arc::ptr_eq(&j.done, done)) {
+                        return;
+                    }
+                    if !st.running {
+                        st.running = true;
+                        break st.jobs.pop_front().expect("queue holds the job");
+                    }
+                    st = self
+                        .idle_cv
+                        .wait(st)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+            };
+            let mine = Arc::ptr_eq(&job.done, done);
+            self.run(job);
+            if mine {
+                return;
+            }
+        }
+    }
+
+    /// The worker thread: runs jobs as they become ready, until the queue is closed and
+    /// empty.
+    fn work(&self) {
+        loop {
+            let job = {
+                let mut st = self.lock();
+                loop {
+                    let now = Instant::now();
+                    let mut deadline = None;
+                    if !st.running {
+                        match st.jobs.front().map(|j| j.ready_at) {
+                            Some(_) if st.closed => {
+                                st.running = true;
+                                break st.jobs.pop_front();
+                            }
+                            Some(Some(t)) if t <= now => {
+                                st.running = true;
+                                break st.jobs.pop_front();
+                            }
+                            Some(Some(t)) => deadline = Some(t),
+                            // Its caller runs it (and wakes us after it if more are queued).
+                            Some(None) => {}
+                            None if st.closed => break None,
+                            None => {}
+                        }
+                    }
+                    // While deferred jobs keep coming, stay on a timer instead of being woken
+                    // for each one: its deadline is never later than theirs.
+                    if deadline.is_none() && st.last_deferred.is_some_and(|p| now < p + 4 * DEFER) {
+                        deadline = Some(now + DEFER);
+                    }
+                    match deadline {
+                        Some(d) => {
+                            st.worker_timed = true;
+                            st = self
+                                .work_cv
+                                .wait_timeout(st, d - now)
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .0;
+                            st.worker_timed = false;
+                        }
+                        None => {
+                            st = self
+                                .work_cv
+                                .wait(st)
+                                .unwrap_or_else(PoisonError::into_inner);
+                        }
+                    }
+                }
+            };
+            match job {
+                Some(j) => self.run(j),
+                None => return,
+            }
+        }
+    }
+
+    /// Lets the worker start every deferred job up to and including the job of `done` now
+    /// (someone polls for it instead of waiting).
+    fn kick(&self, done: &Arc<Done>) {
+        let mut st = self.lock();
+        let now = Instant::now();
+        let mut found = false;
+        for j in st.jobs.iter_mut() {
+            if let Some(t) = j.ready_at.as_mut() {
+                *t = (*t).min(now);
+            }
+            if Arc::ptr_eq(&j.done, done) {
+                found = true;
+                break;
+            }
+        }
+        if found {
+            self.work_cv.notify_one();
+        }
+    }
+
+    fn close(&self) {
+        self.lock().closed = true;
+        self.work_cv.notify_all();
     }
 }
 
@@ -288,6 +486,18 @@ fn worker(mut c: Communicator, jobs: Receiver<Job>) {
 #[pyclass(module = "monel._monel")]
 struct Work {
     done: Arc<Done>,
+    queue: Weak<Queue>,
+}
+
+impl Work {
+    /// Waits for the job; with no timeout, runs it (and the jobs ahead of it) here when no
+    /// other thread has taken it.
+    fn finish(&self, timeout: Option<Duration>) -> Option<Result<(), CclError>> {
+        if let (None, Some(q)) = (timeout, self.queue.upgrade()) {
+            q.run_through(&self.done);
+        }
+        self.done.wait(timeout)
+    }
 }
 
 #[pymethods]
@@ -302,8 +512,7 @@ impl Work {
                     .map_err(|_| invalid(format!("timeout {s}: want seconds >= 0")))
             })
             .transpose()?;
-        let done = self.done.clone();
-        match py.detach(move || done.wait(t)) {
+        match py.detach(|| self.finish(t)) {
             None => Ok(false),
             Some(Ok(())) => Ok(true),
             Some(Err(e)) => Err(py_err(&e)),
@@ -311,6 +520,9 @@ impl Work {
     }
     /// True once the operation finished (successfully or not).
     fn is_completed(&self) -> bool {
+        if let Some(q) = self.queue.upgrade() {
+            q.kick(&self.done);
+        }
         self.done
             .state
             .lock()
@@ -337,23 +549,35 @@ struct Comm {
     rank: usize,
     size: usize,
     paths: Vec<String>,
-    queue: Option<Sender<Job>>,
+    queue: Option<Arc<Queue>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Comm {
     fn start(c: Communicator) -> Self {
-        let (tx, rx) = channel();
         let (rank, size, paths) = (c.rank(), c.size(), c.paths().to_vec());
+        let queue = Arc::new(Queue {
+            state: Mutex::new(QState {
+                jobs: VecDeque::new(),
+                running: false,
+                closed: false,
+                worker_timed: false,
+                last_deferred: None,
+            }),
+            work_cv: Condvar::new(),
+            idle_cv: Condvar::new(),
+            comm: Mutex::new(c),
+        });
+        let q = queue.clone();
         let thread = std::thread::Builder::new()
             .name(format!("monel-rank{rank}"))
-            .spawn(move || worker(c, rx))
+            .spawn(move || q.work())
             .ok();
         Self {
             rank,
             size,
             paths,
-            queue: Some(tx),
+            queue: Some(queue),
             thread,
         }
     }
@@ -364,19 +588,31 @@ impl Comm {
         op: Op,
         bufs: Vec<PyBuffer<u8>>,
         async_op: bool,
+        defer: bool,
     ) -> PyResult<Work> {
         let done = Arc::new(Done::default());
         let q = self
             .queue
             .as_ref()
             .ok_or_else(|| AbortedError::new_err("the communicator was destroyed"))?;
-        q.send(Job {
+        let job = Job {
             op,
             bufs,
             done: done.clone(),
-        })
-        .map_err(|_| AbortedError::new_err("the communicator's worker stopped"))?;
-        let w = Work { done };
+            ready_at: None,
+        };
+        let start = match (async_op, defer) {
+            (false, _) => Start::Caller,
+            (true, false) => Start::Now,
+            (true, true) => Start::Deferred,
+        };
+        if q.push(job, start).is_err() {
+            return Err(AbortedError::new_err("the communicator's worker stopped"));
+        }
+        let w = Work {
+            done,
+            queue: Arc::downgrade(q),
+        };
         if !async_op {
             w.wait(py, None)?;
         }
@@ -447,7 +683,10 @@ impl Comm {
     }
 
     /// Runs collective `name` on byte buffers (the Python half checks shapes and types).
-    #[pyo3(signature = (name, dtype, count, send, recv, op="sum", root=0, async_op=false))]
+    /// Blocking calls run on the calling thread when nothing else is queued; `async_op`
+    /// returns a [`Work`] at once, the worker starting the job now, or with `defer` after
+    /// 50 µs unless a `wait()` runs it first.
+    #[pyo3(signature = (name, dtype, count, send, recv, op="sum", root=0, async_op=false, defer=false))]
     #[allow(clippy::too_many_arguments)]
     fn collective(
         &self,
@@ -460,6 +699,7 @@ impl Comm {
         op: &str,
         root: usize,
         async_op: bool,
+        defer: bool,
     ) -> PyResult<Work> {
         let red = redop_of(op)?;
         let coll = match name {
@@ -492,17 +732,19 @@ impl Comm {
             },
             bufs,
             async_op,
+            defer,
         )
     }
 
     /// Runs sends and receives as one group: `ops` holds `(is_send, buffer, count, dtype,
-    /// peer)` tuples.
-    #[pyo3(signature = (ops, async_op=false))]
+    /// peer)` tuples. `async_op` and `defer` as for [`Comm::collective`].
+    #[pyo3(signature = (ops, async_op=false, defer=false))]
     fn group(
         &self,
         py: Python<'_>,
         ops: Vec<(bool, PyBuffer<u8>, usize, String, usize)>,
         async_op: bool,
+        defer: bool,
     ) -> PyResult<Work> {
         let mut parts = Vec::with_capacity(ops.len());
         let mut bufs = Vec::with_capacity(ops.len());
@@ -537,14 +779,14 @@ impl Comm {
                 ));
             }
         }
-        self.submit(py, Op::Group(parts), bufs, async_op)
+        self.submit(py, Op::Group(parts), bufs, async_op, defer)
     }
 
     /// Splits (`ncclCommSplit`): ranks passing the same `color` form a new communicator,
     /// ordered by `key`; `color=None` takes part and joins none (returns None).
     #[pyo3(signature = (color, key=0))]
     fn split(&self, py: Python<'_>, color: Option<u32>, key: i64) -> PyResult<Option<Self>> {
-        let w = self.submit(py, Op::Split { color, key }, Vec::new(), false)?;
+        let w = self.submit(py, Op::Split { color, key }, Vec::new(), false, false)?;
         let c = w
             .done
             .split
@@ -556,7 +798,9 @@ impl Comm {
 
     /// Destroys the communicator: waits for queued operations, then closes its connections.
     fn destroy(&mut self, py: Python<'_>) {
-        self.queue = None;
+        if let Some(q) = self.queue.take() {
+            q.close();
+        }
         if let Some(t) = self.thread.take() {
             py.detach(move || {
                 let _ = t.join();
@@ -567,7 +811,9 @@ impl Comm {
 
 impl Drop for Comm {
     fn drop(&mut self) {
-        self.queue = None;
+        if let Some(q) = self.queue.take() {
+            q.close();
+        }
         if let Some(t) = self.thread.take() {
             // Without the GIL when Python is still running: the worker may need it.
             Python::attach(|py| {

@@ -24,6 +24,12 @@ def test_transports_soft_rnic_and_tcp():
         assert word in results(outs)[0]["paths"][0]
 
 
+def test_blocking_async_and_deferred_operations_keep_issue_order():
+    outs = run_ranks("job_order", 3)
+    assert_ok(outs)
+    assert all(r["ok"] for r in results(outs))
+
+
 def test_bad_input_raises_and_leaves_the_communicator_usable():
     outs = run_ranks("bad_input", 2)
     assert_ok(outs)

@@ -110,6 +110,33 @@ def collectives():
     c.destroy()
 
 
+def job_order():
+    """Blocking calls run on the caller, async ones on the worker or on whoever waits first,
+    deferred ones (the torch backend's) start by themselves when nobody waits: whatever the
+    mix, operations run in issue order and every result is right."""
+    c = monel.Communicator.from_env()
+    r, n = c.rank, c.size
+    started = time.monotonic()
+    for defer in (False, True):
+        c._defer = defer
+        xs = [np.full(1000, r + k, np.float64) for k in range(6)]
+        works = [c.all_reduce(xs[0], async_op=True), c.all_reduce(xs[1], async_op=True)]
+        c.all_reduce(xs[2])  # blocking, behind two queued async operations
+        works.append(c.all_reduce(xs[3], async_op=True))
+        works[-1].wait()  # runs what is still queued ahead of it, then it
+        works.append(c.all_reduce(xs[4], async_op=True))
+        while not works[-1].is_completed():  # polling, never waiting
+            time.sleep(0.001)
+        works.append(c.all_reduce(xs[5], async_op=True))
+        time.sleep(0.2)  # nobody waits or polls: the worker starts it by itself
+        assert xs[5][0] == sum(q + 5 for q in range(n)), "an unwaited operation never ran"
+        for w in works:
+            w.wait()
+        for k, x in enumerate(xs):
+            assert np.all(x == sum(q + k for q in range(n))), (defer, k, x[:3])
+    print(json.dumps({"ok": True, "seconds": time.monotonic() - started}))
+
+
 def bad_input():
     c = monel.Communicator.from_env()
     seen = []
