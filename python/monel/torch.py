@@ -197,6 +197,7 @@ class ProcessGroupMonel(dist.ProcessGroup):
         self._native = self.comm._c
         self._done = _Completer()
         self._coalesced: Optional[list] = None
+        self._group_name = self._group_desc = ""
 
     # -- identity --------------------------------------------------------------------------
 
@@ -208,6 +209,22 @@ class ProcessGroupMonel(dist.ProcessGroup):
 
     def rank(self) -> int:
         return self._rank
+
+    # torch names groups through their C++ backends, and a Python process group has none:
+    # keep the name and description here (DeviceMesh and FSDP look groups up by name).
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._group_desc
 
     # -- collectives -----------------------------------------------------------------------
 

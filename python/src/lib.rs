@@ -98,6 +98,7 @@ fn redop_of(name: &str) -> PyResult<RedOp> {
 struct Region {
     ptr: usize,
     len: usize,
+    readonly: bool,
 }
 
 impl Region {
@@ -111,6 +112,7 @@ impl Region {
         Ok(Self {
             ptr: b.buf_ptr() as usize,
             len: b.len_bytes(),
+            readonly: b.readonly(),
         })
     }
     fn overlaps(self, o: Self) -> bool {
@@ -137,18 +139,42 @@ impl Region {
     }
 }
 
-/// An operation's buffers: out of place, or one buffer in place (the same buffer passed twice).
-fn io<'a>(send: Option<Region>, recv: Region) -> Result<Io<'a>, CclError> {
-    match send {
-        None => Ok(Io::InPlace(recv.bytes_mut())),
-        Some(s) if s.ptr == recv.ptr && s.len == recv.len => Ok(Io::InPlace(recv.bytes_mut())),
-        Some(s) if s.overlaps(recv) => Err(CclError::invalid(
-            "input and output overlap without being the same buffer",
-        )),
-        Some(s) => Ok(Io::Separate {
+/// An operation's buffers: out of place, or one buffer in place: the same buffer passed
+/// twice, or NCCL's in-place form where one buffer holds the other at this rank's slot
+/// (all-gather's input inside its output, reduce-scatter's output inside its input, ...).
+fn io<'a>(
+    coll: Collective,
+    c: &Communicator,
+    count: usize,
+    esize: usize,
+    send: Option<Region>,
+    recv: Region,
+) -> Result<Io<'a>, CclError> {
+    let Some(s) = send else {
+        return Ok(Io::InPlace(recv.bytes_mut()));
+    };
+    if s.ptr == recv.ptr && s.len == recv.len {
+        return Ok(Io::InPlace(recv.bytes_mut()));
+    }
+    if !s.overlaps(recv) {
+        return Ok(Io::Separate {
             send: s.bytes(),
             recv: recv.bytes_mut(),
-        }),
+        });
+    }
+    let layout = coll.in_place_layout(c.size(), c.rank(), count);
+    let inside = |whole: Region, part: Region, at: usize| {
+        whole.len == layout.map_or(usize::MAX, |l| l.0 * esize)
+            && part.ptr == whole.ptr + at * esize
+            && part.ptr + part.len <= whole.ptr + whole.len
+    };
+    match layout {
+        Some((_, at, 0)) if inside(recv, s, at) => Ok(Io::InPlace(recv.bytes_mut())),
+        Some((_, 0, at)) if inside(s, recv, at) && !s.readonly => Ok(Io::InPlace(s.bytes_mut())),
+        _ => Err(CclError::invalid(
+            "input and output overlap without being the same buffer or NCCL's in-place layout \
+             (this rank's slot of the larger one)",
+        )),
     }
 }
 
@@ -255,7 +281,12 @@ fn run_op(c: &mut Communicator, op: Op) -> Result<Outcome, CclError> {
             send,
             recv,
         } => c
-            .collective(coll, dtype, count, io(send, recv)?)
+            .collective(
+                coll,
+                dtype,
+                count,
+                io(coll, c, count, dtype.size(), send, recv)?,
+            )
             .map(|()| Outcome::Done),
         Op::Group(parts) => {
             let ops = parts
@@ -315,8 +346,8 @@ impl Queue {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues a job.
-    fn push(&self, mut job: Job, start: Start) -> Result<(), Job> {
+    /// Queues a job; false if the queue is closed.
+    fn push(&self, mut job: Job, start: Start) -> bool {
         job.ready_at = match start {
             Start::Caller => None,
             Start::Now => Some(Instant::now()),
@@ -324,7 +355,9 @@ impl Queue {
         };
         let mut st = self.lock();
         if st.closed {
-            return Err(job);
+            drop(st);
+            drop(job); // the caller holds the GIL its buffers need
+            return false;
         }
         if start == Start::Deferred {
             st.last_deferred = job.ready_at;
@@ -338,7 +371,7 @@ impl Queue {
         if wake {
             self.work_cv.notify_one();
         }
-        Ok(())
+        true
     }
 
     /// Runs `job`, then lets the next one go.
@@ -606,7 +639,7 @@ impl Comm {
             (true, false) => Start::Now,
             (true, true) => Start::Deferred,
         };
-        if q.push(job, start).is_err() {
+        if !q.push(job, start) {
             return Err(AbortedError::new_err("the communicator's worker stopped"));
         }
         let w = Work {

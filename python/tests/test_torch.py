@@ -18,6 +18,14 @@ def test_every_torch_collective(n):
     assert all(r["ok"] for r in results(outs))
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_fsdp_matches_single_process_training(n):
+    outs = run_ranks("fsdp_train", n, timeout=180)
+    assert_ok(outs)
+    for r in results(outs):
+        assert r["loss_err"] < 1e-5 and r["param_err"] < 1e-5, r
+
+
 def train(tmp_path, backend, n, extra=()):
     out = tmp_path / f"{backend}-{n}.json"
     if backend == "none":
