@@ -22,7 +22,6 @@ import weakref
 from datetime import timedelta
 from typing import Optional
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.futures import Future
@@ -104,28 +103,6 @@ class _Work(dist._Work):
 
 
 _AFTER_LOCK = threading.Lock()
-
-# torch types whose CPU tensors `.numpy()` exports as they are (bf16 and fp8 go the general way).
-_NUMPY_EXPORTABLE = {
-    torch.float32: "float32",
-    torch.float64: "float64",
-    torch.float16: "float16",
-    torch.int8: "int8",
-    torch.uint8: "uint8",
-    torch.int32: "int32",
-    torch.int64: "int64",
-}
-
-
-def _view(t):
-    """A uint8 view of tensor `t`'s memory, its Monel type name and element count; the
-    common case (a contiguous CPU tensor of a numpy type, no autograd) in about a
-    microsecond, everything else through `monel.as_bytes` and its checks."""
-    name = _NUMPY_EXPORTABLE.get(t.dtype)
-    if name is not None and t.is_cpu and t.is_contiguous() and not t.requires_grad and t.dim():
-        return t.numpy().view(np.uint8), name, t.numel()
-    return monel.as_bytes(t, "tensor", True)
-
 
 class _Completer:
     """Completes the futures asked of works, in order, on one daemon thread."""
@@ -230,10 +207,11 @@ class ProcessGroupMonel(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         op = _op(opts.reduceOp) if opts is not None else "sum"
+        # The hot path of DDP: straight to the native call (the checks are as_bytes's).
         coll = self._native.collective
         works = []
         for t in tensors:
-            v, dtype, n = _view(t)
+            v, dtype, n = monel.as_bytes(t, "tensor", True)
             works.append(coll("all_reduce", dtype, n, None, v, op, 0, True, True))
         return _Work(self._done, works, tensors)
 

@@ -25,11 +25,11 @@ raise `VerbsError` (its `verb` names the libibverbs call); data-path outcomes ar
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import numpy as np
 
+from monel import _is_tensor, _u8_view
 from monel._monel import (
     ACCESS_LOCAL_WRITE,
     ACCESS_REMOTE_ATOMIC,
@@ -74,17 +74,8 @@ __all__ = [
 
 def _byte_view(x: Any) -> Any:
     """A flat uint8 view of `x`'s memory (no copy) for registration; called by `reg_mr`."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(x, torch.Tensor):
-        if x.device.type != "cpu":
-            raise InvalidArgumentError(f"reg_mr: a {x.device.type} tensor; register CPU tensors")
-        if not x.is_contiguous():
-            raise InvalidArgumentError("reg_mr: the tensor is not contiguous")
-        return x.detach().reshape(-1).view(torch.uint8).numpy()
-    if isinstance(x, np.ndarray):
-        if not x.flags.c_contiguous:
-            raise InvalidArgumentError("reg_mr: the array is not C-contiguous")
-        return x.reshape(-1).view(np.uint8)
+    if isinstance(x, np.ndarray) or _is_tensor(x):
+        return _u8_view(x, "reg_mr").reshape(-1)
     try:
         m = memoryview(x)
     except TypeError:
