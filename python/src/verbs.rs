@@ -291,8 +291,10 @@ impl PyProtectionDomain {
 
     /// A new queue pair in RESET (`ibv_create_qp`); RC only.
     #[pyo3(signature = (send_cq, recv_cq=None, max_send_wr=128, max_recv_wr=512, max_inline_data=256, sq_sig_all=false))]
+    #[allow(clippy::too_many_arguments)]
     fn create_qp(
         &self,
+        py: Python<'_>,
         send_cq: &PyCompletionQueue,
         recv_cq: Option<&PyCompletionQueue>,
         max_send_wr: u32,
@@ -316,12 +318,10 @@ impl PyProtectionDomain {
                 srq: None,
             })
             .map_err(verr)?;
-        Python::attach(|py| {
-            Ok(PyQueuePair {
-                qp,
-                psn: random_psn(),
-                _ctx: self.ctx.clone_ref(py),
-            })
+        Ok(PyQueuePair {
+            qp,
+            psn: random_psn(),
+            _ctx: self.ctx.clone_ref(py),
         })
     }
 }
