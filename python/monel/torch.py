@@ -42,8 +42,11 @@ _OPS = {
 }
 
 
+_SUM = dist.ReduceOp.SUM
+
+
 def _op(reduce_op) -> str:
-    if reduce_op == dist.ReduceOp.SUM:
+    if reduce_op == _SUM:
         return "sum"
     for k, v in _OPS.items():
         if reduce_op == k:
@@ -206,9 +209,16 @@ class ProcessGroupMonel(dist.ProcessGroup):
     # -- collectives -----------------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
-        op = _op(opts.reduceOp) if opts is not None else "sum"
+        op = "sum" if opts is None else _op(opts.reduceOp)
         # The hot path of DDP: straight to the native call (the checks are as_bytes's).
         coll = self._native.collective
+        if opts is not None and not getattr(opts, "asyncOp", True) and len(tensors) == 1:
+            # A blocking torch call (`dist.all_reduce(t)`): run it here, on this thread with
+            # the GIL released, and return no work, which torch reads as "synchronized by the
+            # backend" (its collectives wait only on a work that is not None).
+            v, dtype, n = monel.as_bytes(tensors[0], "tensor", True)
+            coll("all_reduce", dtype, n, None, v, op, 0, False, False)
+            return None
         works = []
         for t in tensors:
             v, dtype, n = monel.as_bytes(t, "tensor", True)

@@ -26,6 +26,23 @@ def test_fsdp_matches_single_process_training(n):
         assert r["loss_err"] < 1e-5 and r["param_err"] < 1e-5, r
 
 
+def test_bad_input_through_torch_is_a_monel_error():
+    outs = run_ranks("torch_errors", 2, timeout=120, env={"MONEL_TIMEOUT": "10"})
+    assert_ok(outs)
+    for r in results(outs):
+        assert len(r["errors"]) == 5, r
+        assert "InvalidArgumentError" in r["errors"][0] and "contiguous" in r["errors"][0], r
+
+
+def test_dead_peer_is_named_through_torch():
+    outs = run_ranks("torch_dead_peer", 3, timeout=120, env={"MONEL_TIMEOUT": "10"})
+    assert outs[2][0] == 0
+    for r in results(outs[:2]):
+        assert 2 in r["ranks"], r
+        assert r["seconds"] < 15, r
+        assert r["error"] in ("PeerLostError", "CommTimeoutError", "AbortedError"), r
+
+
 def train(tmp_path, backend, n, extra=()):
     out = tmp_path / f"{backend}-{n}.json"
     if backend == "none":

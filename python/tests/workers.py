@@ -342,5 +342,65 @@ def fsdp_train():
     print(json.dumps({"rank": r, "loss_err": worst_loss, "param_err": worst_param}))
 
 
+def torch_errors():
+    """Bad input through torch.distributed, blocking and async: a clear Monel exception on
+    the rank that made the mistake, a mismatch on every rank, and a dead peer named."""
+    import torch
+    import torch.distributed as dist
+    import monel.torch  # noqa: F401
+
+    dist.init_process_group("monel")
+    r, n = dist.get_rank(), dist.get_world_size()
+    seen = []
+
+    def expect(exc, f):
+        try:
+            f()
+        except exc as e:
+            seen.append(f"{type(e).__name__}: {e}")
+            return e
+        raise AssertionError(f"no {exc.__name__}")
+
+    t = torch.ones(4, 4)
+    expect(monel.InvalidArgumentError, lambda: dist.all_reduce(t.t()))
+    expect(monel.InvalidArgumentError, lambda: dist.all_reduce(t.t(), async_op=True))
+    expect(monel.InvalidArgumentError, lambda: dist.all_reduce(torch.ones(3, dtype=torch.bool)))
+    expect(monel.InvalidArgumentError, lambda: dist.broadcast(torch.ones(2), src=n + 1))
+    # Still usable after every local error.
+    dist.all_reduce(t)
+    assert (t == n).all()
+    # Sizes that differ across ranks: an error on every rank, blocking and async.
+    e = expect(monel.MonelError, lambda: dist.all_reduce(torch.ones(4 + r)))
+    assert type(e).__name__ in ("MismatchError", "AbortedError"), e
+    print(json.dumps({"rank": r, "errors": seen}), flush=True)
+    os._exit(0)
+
+
+def torch_dead_peer():
+    """The last rank dies: rank 0's blocking all_reduce and the others' async wait() raise an
+    error naming it, within MONEL_TIMEOUT."""
+    import torch
+    import torch.distributed as dist
+    import monel.torch  # noqa: F401
+
+    dist.init_process_group("monel")
+    r, n = dist.get_rank(), dist.get_world_size()
+    dist.barrier()
+    if r == n - 1:
+        os._exit(0)  # dies without a word
+    t0 = time.monotonic()
+    x = torch.ones(1 << 16)
+    try:
+        if r == 0:
+            dist.all_reduce(x)
+        else:
+            dist.all_reduce(x, async_op=True).wait()
+    except monel.MonelError as e:
+        print(json.dumps({"rank": r, "error": type(e).__name__, "ranks": e.ranks,
+                          "msg": str(e), "seconds": time.monotonic() - t0}), flush=True)
+        os._exit(0)
+    raise AssertionError("the dead peer went unnoticed")
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](*sys.argv[2:])
