@@ -1,19 +1,31 @@
-//! Monel's fabric planner (first slice): leaf-spine fabrics with ECMP, a flow-level engine
-//! that shares links max-min fairly, and Monel's own collective schedules (`monel-ccl`'s plain
-//! data, replayed step by step, not re-implemented) running on them.
+//! Monel's fabric planner: RDMA fabrics (leaf-spine, k-ary fat-trees, rail-optimized) with
+//! ECMP, servers of GPUs and NICs on them, and Monel's own collective schedules
+//! (`monel-ccl`'s plain data, replayed, not re-implemented) running on them in a fluid model
+//! that shares links max-min fairly; training steps and prices on top.
 //!
 //! ```text
-//! units (400Gbps, 1us) --> LeafSpine --paths (ECMP by 5-tuple hash)--> Fabric
-//! monel_ccl::plan::schedule(...) per rank --replay--> flows --max-min fair--> completion time
+//! units (400Gbps, 1us) --> LeafSpine | FatTree | RailOptimized --> Fabric --+ Server --> Cluster
+//! monel_ccl::plan::schedule(...) --> replay (event engine, async ranks, <= 4096 ranks)
+//!                                --> lockstep (rank-symmetric algorithms, 100,000 GPUs)
+//! plan: collectives (NCCL-style channels on NIC rails), training steps, cost
 //! ```
 //! Everything is deterministic: the same inputs give the same answer, bit for bit.
 
+pub mod cluster;
 pub mod flow;
+pub mod lockstep;
+pub mod plan;
 pub mod replay;
 pub mod topology;
 pub mod units;
 
-pub use flow::{Flow, max_min_rates};
-pub use replay::{Replay, ReplayError, replay};
-pub use topology::{Fabric, LeafSpine, LinkId, TopologyError};
+pub use cluster::{Cluster, Server};
+pub use flow::{Flow, drain, max_min_rates, max_min_rates_by};
+pub use lockstep::{Lockstep, SymJob, Symmetry, lockstep, symmetric};
+pub use plan::{
+    CollectiveSpec, Cost, Engine, Outcome, PlanError, Prices, StepReport, Training, busbw_factor,
+    cost, run_collective, training_step,
+};
+pub use replay::{Job, Replay, ReplayError, replay, sport};
+pub use topology::{Fabric, FatTree, LeafSpine, LinkId, LinkKind, RailOptimized, TopologyError};
 pub use units::{UnitError, parse_bandwidth, parse_bytes, parse_time};

@@ -1,16 +1,19 @@
-//! Replays `monel-ccl` schedules (every rank's list of steps of sends and receives, the same
-//! data the library executes) on a fabric, in the fluid model: a rank starts a step when the
-//! previous one finished, its sends become flows sharing links max-min fairly, a message is
-//! delivered one path latency plus the per-message overhead after its last bit left, and a
-//! step finishes when all of its receives were delivered.
+//! The event engine: replays `monel-ccl` schedules (every rank's list of steps of sends and
+//! receives, the same data the library executes) on a cluster, in the fluid model: a rank
+//! starts a step when the previous one finished, its sends become flows sharing links max-min
+//! fairly, a message is delivered one path latency plus the per-message overhead after its
+//! last bit left, and a step finishes when all of its receives were delivered. Ranks run
+//! asynchronously, as they do for real; every event re-shares the links, so the cost grows
+//! with messages times flows in flight: up to a few thousand ranks. [`crate::lockstep`]
+//! covers the rest.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use monel_ccl::schedule::{Op, Schedule};
 
+use crate::cluster::Cluster;
 use crate::flow::max_min_rates;
-use crate::topology::Fabric;
 
 /// The outcome of a replay.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,6 +36,8 @@ pub enum ReplayError {
     Placement(String),
     /// No rank can progress, but some have not finished (the schedules do not match).
     Deadlock(String),
+    /// The lockstep engine was given an algorithm whose ranks do not all do the same thing.
+    NotSymmetric(String),
 }
 
 impl fmt::Display for ReplayError {
@@ -40,6 +45,7 @@ impl fmt::Display for ReplayError {
         match self {
             Self::Placement(s) => write!(f, "placement: {s}"),
             Self::Deadlock(s) => write!(f, "schedules deadlock: {s}"),
+            Self::NotSymmetric(s) => write!(f, "not rank-symmetric: {s}"),
         }
     }
 }
@@ -53,32 +59,52 @@ struct Active {
     bits: f64,
 }
 
-/// Replays `schedules` (rank r's at index r) with rank r on host `host_of[r]`; messages of
-/// `elem_bytes`-byte elements; `overhead_s` per message (software and NIC). Each rank pair's
-/// traffic uses its own UDP source port (one QP per pair), so ECMP may place pairs on
-/// different spines.
-pub fn replay(
-    fabric: &Fabric,
-    host_of: &[usize],
-    schedules: &[Schedule],
-    elem_bytes: usize,
-    overhead_s: f64,
-) -> Result<Replay, ReplayError> {
-    let n = schedules.len();
-    if host_of.len() != n {
-        return Err(ReplayError::Placement(format!(
-            "{} ranks placed, {n} schedules",
-            host_of.len()
-        )));
+/// One collective placed on a cluster: rank r runs on GPU `gpus[r]` and follows
+/// `schedules[r]`; elements are `elem_bytes` bytes; messages between servers use NIC `rail`
+/// (`None`: the destination GPU's own). Several jobs replayed together share the fabric
+/// (NCCL's channels, or competing jobs).
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// GPU of each rank.
+    pub gpus: Vec<usize>,
+    /// Schedule of each rank.
+    pub schedules: Vec<Schedule>,
+    /// NIC rail for messages between servers.
+    pub rail: Option<usize>,
+    /// Bytes per element.
+    pub elem_bytes: usize,
+}
+
+/// The UDP source port of the QP from `a` to `b` in job `j` (one QP per rank pair, as Monel
+/// and NCCL connect them): a hash in the dynamic range, which ECMP then hashes in turn.
+pub fn sport(j: usize, a: usize, b: usize) -> u16 {
+    (crate::topology::ecmp_hash(a, b, j as u16, usize::MAX) % 16384) as u16 | 0xC000
+}
+
+/// Replays `jobs` together; `overhead_s` per message (software and NIC).
+pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay, ReplayError> {
+    let mut base = Vec::with_capacity(jobs.len());
+    let mut n = 0usize;
+    for (j, job) in jobs.iter().enumerate() {
+        if job.gpus.len() != job.schedules.len() {
+            return Err(ReplayError::Placement(format!(
+                "job {j}: {} ranks placed, {} schedules",
+                job.gpus.len(),
+                job.schedules.len()
+            )));
+        }
+        if let Some(&g) = job.gpus.iter().find(|&&g| g >= cluster.gpus()) {
+            return Err(ReplayError::Placement(format!(
+                "job {j}: GPU {g} does not exist (the cluster has {})",
+                cluster.gpus()
+            )));
+        }
+        base.push(n);
+        n += job.gpus.len();
     }
-    if let Some(&h) = host_of.iter().find(|&&h| h >= fabric.hosts()) {
-        return Err(ReplayError::Placement(format!(
-            "host {h} does not exist (the fabric has {})",
-            fabric.hosts()
-        )));
-    }
-    let sport = |a: usize, b: usize| {
-        (crate::topology::ecmp_hash(a, b, 0, usize::MAX) % 16384) as u16 | 0xC000
+    let actor = |a: usize| {
+        let j = base.partition_point(|&b| b <= a) - 1;
+        (j, a - base[j])
     };
     let mut out = Replay {
         time_s: 0.0,
@@ -102,7 +128,9 @@ pub fn replay(
         // Start steps of ranks that are ready, as long as they can complete at once.
         while let Some(r) = ready.pop() {
             loop {
-                let Some(step) = schedules[r].steps.get(pc[r]) else {
+                let (j, rr) = actor(r);
+                let job = &jobs[j];
+                let Some(step) = job.schedules[rr].steps.get(pc[r]) else {
                     if !finished[r] {
                         finished[r] = true;
                         done += 1;
@@ -113,26 +141,28 @@ pub fn replay(
                     for op in &step.ops {
                         match *op {
                             Op::Send { peer, src } => {
-                                let bytes = (src.len * elem_bytes) as u64;
+                                let bytes = (src.len * job.elem_bytes) as u64;
                                 out.messages += 1;
-                                let (hs, hd) = (host_of[r], host_of[peer]);
-                                let path = fabric.path(hs, hd, sport(r, peer));
+                                let mut path = Vec::new();
+                                let (ga, gb) = (job.gpus[rr], job.gpus[peer]);
+                                cluster.route(ga, gb, job.rail, sport(j, rr, peer), &mut path);
+                                let to = base[j] + peer;
                                 if path.is_empty() || bytes == 0 {
-                                    let at = t + fabric.path_latency(&path) + overhead_s;
-                                    deliveries.insert((at.to_bits(), seq), (r, peer));
+                                    let at = t + cluster.latency(&path) + overhead_s;
+                                    deliveries.insert((at.to_bits(), seq), (r, to));
                                     seq += 1;
                                 } else {
                                     out.bytes += bytes;
                                     flows.push(Active {
                                         src: r,
-                                        dst: peer,
+                                        dst: to,
                                         path,
                                         bits: bytes as f64 * 8.0,
                                     });
                                 }
                             }
                             Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => {
-                                *need[r].entry(peer).or_default() += 1;
+                                *need[r].entry(base[j] + peer).or_default() += 1;
                             }
                             _ => {}
                         }
@@ -163,7 +193,7 @@ pub fn replay(
         }
         // The next event: a flow's last bit, or a delivery.
         let paths: Vec<&[crate::LinkId]> = flows.iter().map(|f| f.path.as_slice()).collect();
-        let rates = max_min_rates(&fabric.capacity, &paths);
+        let rates = max_min_rates(cluster.capacity(), &paths);
         let mut dt = f64::INFINITY;
         for (f, &rate) in flows.iter().zip(&rates) {
             dt = dt.min(f.bits / rate);
@@ -174,7 +204,10 @@ pub fn replay(
             .map(|&(bits, _)| f64::from_bits(bits));
         if dt.is_infinite() && next_delivery.is_none() {
             let stuck: Vec<String> = (0..n)
-                .filter(|&r| pc[r] < schedules[r].steps.len())
+                .filter(|&r| {
+                    let (j, rr) = actor(r);
+                    pc[r] < jobs[j].schedules[rr].steps.len()
+                })
                 .take(4)
                 .map(|r| format!("rank {r} at step {} waits for {:?}", pc[r], need[r]))
                 .collect();
@@ -185,19 +218,19 @@ pub fn replay(
             let (&key, &(src, dst)) = deliveries.iter().next().expect("a delivery");
             deliveries.remove(&key);
             let at = f64::from_bits(key.0);
-            advance(&mut flows, &rates, at - t, fabric, &mut out);
+            advance(&mut flows, &rates, at - t, cluster, &mut out);
             t = at;
             *arrived.entry((src, dst)).or_default() += 1;
             ready.push(dst);
         } else {
-            advance(&mut flows, &rates, dt, fabric, &mut out);
+            advance(&mut flows, &rates, dt, cluster, &mut out);
             t = flow_end;
             // Every flow whose last bit left now.
             let mut k = 0;
             while k < flows.len() {
                 if flows[k].bits <= 1e-6 {
                     let f = flows.swap_remove(k);
-                    let at = t + fabric.path_latency(&f.path) + overhead_s;
+                    let at = t + cluster.latency(&f.path) + overhead_s;
                     deliveries.insert((at.to_bits(), seq), (f.src, f.dst));
                     seq += 1;
                 } else {
@@ -208,11 +241,11 @@ pub fn replay(
     }
 }
 
-fn advance(flows: &mut [Active], rates: &[f64], dt: f64, fabric: &Fabric, out: &mut Replay) {
-    let full = fabric.shape().host_link_bps;
+fn advance(flows: &mut [Active], rates: &[f64], dt: f64, cluster: &Cluster, out: &mut Replay) {
+    let full = cluster.fabric.edge_bps;
     for (f, &rate) in flows.iter_mut().zip(rates) {
         f.bits -= rate * dt;
-        if rate < full * (1.0 - 1e-9) && f.path.iter().any(|&l| fabric.is_fabric_link(l)) {
+        if rate < full * (1.0 - 1e-9) && f.path.iter().any(|&l| cluster.fabric.is_fabric_link(l)) {
             out.fabric_contention_s += dt;
         }
     }

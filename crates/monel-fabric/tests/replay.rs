@@ -17,7 +17,16 @@ fn schedules(
         .collect()
 }
 
-fn one_switch(hosts: usize, bps: f64, lat: f64) -> Fabric {
+fn jobs(place: &[usize], scheds: Vec<monel_ccl::schedule::Schedule>) -> Vec<Job> {
+    vec![Job {
+        gpus: place.to_vec(),
+        schedules: scheds,
+        rail: None,
+        elem_bytes: 4,
+    }]
+}
+
+fn one_switch(hosts: usize, bps: f64, lat: f64) -> Cluster {
     LeafSpine {
         leaves: 1,
         hosts_per_leaf: hosts,
@@ -27,6 +36,7 @@ fn one_switch(hosts: usize, bps: f64, lat: f64) -> Fabric {
         link_latency_s: lat,
     }
     .build()
+    .map(Cluster::plain)
     .unwrap()
 }
 
@@ -38,7 +48,8 @@ fn ring_allreduce_matches_the_alpha_beta_formula() {
         let count = n * 262_144; // f32 elements, divisible by n
         let s = (count * 4) as f64;
         let scheds = schedules(Collective::AllReduce(RedOp::Sum), Algorithm::Ring, n, count);
-        let got = replay(&fabric, &(0..n).collect::<Vec<_>>(), &scheds, 4, overhead).unwrap();
+        let place: Vec<usize> = (0..n).collect();
+        let got = replay(&fabric, &jobs(&place, scheds), overhead).unwrap();
         let alpha = 2.0 * lat + overhead;
         let want = 2.0 * (n - 1) as f64 * alpha + 2.0 * (n - 1) as f64 / n as f64 * s * 8.0 / bps;
         assert!(
@@ -67,8 +78,9 @@ fn oversubscription_slows_all_to_all_by_its_factor() {
             link_latency_s: 0.0,
         }
         .build()
+        .map(Cluster::plain)
         .unwrap();
-        replay(&f, &place, &scheds, 4, 0.0).unwrap()
+        replay(&f, &jobs(&place, scheds.clone()), 0.0).unwrap()
     };
     // 8 spines under 8 hosts per leaf: non-blocking in capacity, but ECMP hashing still puts
     // some pairs on the same spine. 1 spine: 8:1 oversubscribed.
@@ -138,13 +150,13 @@ fn impossible_topologies_and_placements_are_named() {
     .build()
     .unwrap_err();
     assert_eq!(e.field, "host_link");
-    let f = base.build().unwrap();
+    let f = Cluster::plain(base.build().unwrap());
     let scheds = schedules(Collective::AllReduce(RedOp::Sum), Algorithm::Ring, 2, 8);
-    let e = replay(&f, &[0, 99], &scheds, 4, 0.0).unwrap_err();
+    let e = replay(&f, &jobs(&[0, 99], scheds.clone()), 0.0).unwrap_err();
     assert!(matches!(e, ReplayError::Placement(_)), "{e}");
     // Mismatched schedules (a rank waits for a message never sent) are a deadlock, not a hang.
     let mut bad = scheds;
     bad[0].steps.clear();
-    let e = replay(&f, &[0, 1], &bad, 4, 0.0).unwrap_err();
+    let e = replay(&f, &jobs(&[0, 1], bad), 0.0).unwrap_err();
     assert!(matches!(e, ReplayError::Deadlock(_)), "{e}");
 }

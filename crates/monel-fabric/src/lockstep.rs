@@ -1,0 +1,300 @@
+//! The lockstep engine, for 10^4 to 10^5 GPUs: rank-symmetric algorithms (ring, direct
+//! all-to-all: every rank does what rank 0 does, shifted by its rank; recursive doubling and
+//! halving: XORed with it) are described by one rank's schedule. Step k starts on every rank
+//! together and lasts until its last message arrived: all ranks' flows of the step drained
+//! max-min fairly (re-shared as flows finish), plus path latency and the per-message overhead.
+//! Steps that send the same messages are computed once, so a ring of 2(n-1) steps costs one
+//! flow computation. A ring runs at the pace of its slowest link, which is what this gives;
+//! the event engine agrees on mid-size cases (tested).
+
+use std::collections::HashMap;
+
+use monel_ccl::schedule::{Op, Schedule};
+
+use crate::cluster::Cluster;
+use crate::flow::drain;
+use crate::replay::{ReplayError, sport};
+use crate::topology::{LinkId, LinkKind};
+
+/// How rank r's peers follow from rank 0's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Symmetry {
+    /// Peer p of rank 0 is peer (p + r) mod n of rank r.
+    Shift,
+    /// Peer p of rank 0 is peer p XOR r of rank r (n a power of two).
+    Xor,
+}
+
+impl Symmetry {
+    fn map(self, p: usize, r: usize, n: usize) -> usize {
+        match self {
+            Self::Shift => (p + r) % n,
+            Self::Xor => p ^ r,
+        }
+    }
+}
+
+/// One collective in lockstep form: rank 0's schedule stands for all `gpus.len()` ranks.
+#[derive(Debug, Clone)]
+pub struct SymJob {
+    /// GPU of each rank.
+    pub gpus: Vec<usize>,
+    /// Rank 0's schedule.
+    pub schedule: Schedule,
+    /// How the other ranks' peers follow.
+    pub symmetry: Symmetry,
+    /// NIC rail for messages between servers (`None`: the destination GPU's own).
+    pub rail: Option<usize>,
+    /// Bytes per element.
+    pub elem_bytes: usize,
+}
+
+/// Checks that the schedules `sched(r)` of an `n`-rank collective are rank-symmetric, on a
+/// sample of ranks, and returns rank 0's with its symmetry. Message sizes may differ by one
+/// element between ranks (counts that do not divide); rank 0's are used for all.
+pub fn symmetric(
+    n: usize,
+    sched: impl Fn(usize) -> Schedule,
+) -> Result<(Schedule, Symmetry), ReplayError> {
+    let s0 = sched(0);
+    let mut sample: Vec<usize> = [1, 2, n / 3, n / 2, n - 1]
+        .into_iter()
+        .filter(|&r| r > 0 && r < n)
+        .collect();
+    sample.dedup();
+    let others: Vec<(usize, Schedule)> = sample.into_iter().map(|r| (r, sched(r))).collect();
+    for sym in [Symmetry::Shift, Symmetry::Xor] {
+        if sym == Symmetry::Xor && !n.is_power_of_two() {
+            continue;
+        }
+        if others.iter().all(|(r, s)| same_up_to(&s0, s, *r, n, sym)) {
+            return Ok((s0, sym));
+        }
+    }
+    Err(ReplayError::NotSymmetric(
+        "ranks do not follow rank 0's schedule shifted or XORed by their rank (tree, \
+         chain and rooted algorithms): use the event engine"
+            .into(),
+    ))
+}
+
+fn same_up_to(s0: &Schedule, s: &Schedule, r: usize, n: usize, sym: Symmetry) -> bool {
+    s0.steps.len() == s.steps.len()
+        && s0.steps.iter().zip(&s.steps).all(|(a, b)| {
+            a.ops.len() == b.ops.len()
+                && a.ops.iter().zip(&b.ops).all(|(x, y)| match (x, y) {
+                    (Op::Send { peer: p, src: a }, Op::Send { peer: q, src: b }) => {
+                        sym.map(*p, r, n) == *q && a.len.abs_diff(b.len) <= 1
+                    }
+                    (
+                        Op::Recv {
+                            peer: p, dst: a, ..
+                        }
+                        | Op::RecvReduce {
+                            peer: p, dst: a, ..
+                        },
+                        Op::Recv {
+                            peer: q, dst: b, ..
+                        }
+                        | Op::RecvReduce {
+                            peer: q, dst: b, ..
+                        },
+                    ) => sym.map(*p, r, n) == *q && a.len.abs_diff(b.len) <= 1,
+                    _ => std::mem::discriminant(x) == std::mem::discriminant(y),
+                })
+        })
+}
+
+/// What a lockstep run found.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Lockstep {
+    /// Completion time, seconds.
+    pub time_s: f64,
+    /// Steps (of the longest job).
+    pub steps: usize,
+    /// Steps with distinct messages, each computed once.
+    pub distinct_steps: usize,
+    /// Messages sent, all ranks.
+    pub messages: u64,
+    /// Bytes sent between servers.
+    pub bytes: u64,
+    /// Busy fraction of switch-to-switch links over the run (bits carried over capacity
+    /// times time), averaged over those links; `None` without such links.
+    pub fabric_utilization: Option<f64>,
+    /// Most flows sharing one switch-to-switch link in any step (ECMP collisions).
+    pub max_flows_per_fabric_link: usize,
+    /// Of the flows that crossed switch-to-switch links, the fraction that shared one with
+    /// another flow of the same step.
+    pub collided_fraction: f64,
+    /// Time the slowest inter-server message of a step took over what its NIC alone allows,
+    /// worst step (1.0: no contention anywhere).
+    pub worst_slowdown: f64,
+}
+
+struct StepCost {
+    time_s: f64,
+    messages: u64,
+    bytes: u64,
+    fabric_bits: f64,
+    max_share: usize,
+    crossing: usize,
+    collided: usize,
+    slowdown: f64,
+}
+
+/// Runs `jobs` together in lockstep (step k of every job at once); `overhead_s` per message.
+pub fn lockstep(
+    cluster: &Cluster,
+    jobs: &[SymJob],
+    overhead_s: f64,
+) -> Result<Lockstep, ReplayError> {
+    for (j, job) in jobs.iter().enumerate() {
+        if let Some(&g) = job.gpus.iter().find(|&&g| g >= cluster.gpus()) {
+            return Err(ReplayError::Placement(format!(
+                "job {j}: GPU {g} does not exist (the cluster has {})",
+                cluster.gpus()
+            )));
+        }
+        if job.symmetry == Symmetry::Xor && !job.gpus.len().is_power_of_two() {
+            return Err(ReplayError::NotSymmetric(format!(
+                "job {j}: XOR symmetry needs a power-of-two rank count, not {}",
+                job.gpus.len()
+            )));
+        }
+    }
+    let steps = jobs
+        .iter()
+        .map(|j| j.schedule.steps.len())
+        .max()
+        .unwrap_or(0);
+    let mut memo: HashMap<Vec<(usize, usize, usize)>, usize> = HashMap::new();
+    let mut costs: Vec<StepCost> = Vec::new();
+    let mut out = Lockstep {
+        steps,
+        worst_slowdown: 1.0,
+        ..Lockstep::default()
+    };
+    let mut fabric_bits = 0.0;
+    let (mut crossing, mut collided) = (0usize, 0usize);
+    for k in 0..steps {
+        let key: Vec<(usize, usize, usize)> = jobs
+            .iter()
+            .enumerate()
+            .flat_map(|(j, job)| {
+                job.schedule.steps.get(k).into_iter().flat_map(move |s| {
+                    s.ops.iter().filter_map(move |op| match op {
+                        Op::Send { peer, src } => Some((j, *peer, src.len)),
+                        _ => None,
+                    })
+                })
+            })
+            .collect();
+        let i = match memo.get(&key) {
+            Some(&i) => i,
+            None => {
+                costs.push(step_cost(cluster, jobs, &key, overhead_s));
+                memo.insert(key, costs.len() - 1);
+                costs.len() - 1
+            }
+        };
+        let c = &costs[i];
+        out.time_s += c.time_s;
+        out.messages += c.messages;
+        out.bytes += c.bytes;
+        fabric_bits += c.fabric_bits;
+        crossing += c.crossing;
+        collided += c.collided;
+        out.max_flows_per_fabric_link = out.max_flows_per_fabric_link.max(c.max_share);
+        out.worst_slowdown = out.worst_slowdown.max(c.slowdown);
+    }
+    out.distinct_steps = costs.len();
+    let fabric_capacity: f64 = (0..cluster.fabric.links())
+        .filter(|&l| cluster.fabric.kind[l] == LinkKind::Fabric)
+        .map(|l| cluster.fabric.capacity[l])
+        .sum();
+    if fabric_capacity > 0.0 && out.time_s > 0.0 {
+        out.fabric_utilization = Some(fabric_bits / (fabric_capacity * out.time_s));
+    }
+    if crossing > 0 {
+        out.collided_fraction = collided as f64 / crossing as f64;
+    }
+    Ok(out)
+}
+
+fn step_cost(
+    cluster: &Cluster,
+    jobs: &[SymJob],
+    sends: &[(usize, usize, usize)],
+    overhead_s: f64,
+) -> StepCost {
+    let mut path: Vec<LinkId> = Vec::new();
+    let mut start: Vec<usize> = vec![0];
+    let mut bits: Vec<f64> = Vec::new();
+    let mut cost = StepCost {
+        time_s: 0.0,
+        messages: 0,
+        bytes: 0,
+        fabric_bits: 0.0,
+        max_share: 0,
+        crossing: 0,
+        collided: 0,
+        slowdown: 1.0,
+    };
+    for &(j, p0, len) in sends {
+        let job = &jobs[j];
+        let n = job.gpus.len();
+        let b = (len * job.elem_bytes) as f64 * 8.0;
+        for r in 0..n {
+            let peer = job.symmetry.map(p0, r, n);
+            cluster.route(
+                job.gpus[r],
+                job.gpus[peer],
+                job.rail,
+                sport(j, r, peer),
+                &mut path,
+            );
+            start.push(path.len());
+            bits.push(b);
+            cost.messages += 1;
+        }
+    }
+    if bits.is_empty() {
+        return cost;
+    }
+    let at = |f: usize| &path[start[f]..start[f + 1]];
+    let done = drain(cluster.capacity(), &bits, at);
+    let kind = &cluster.fabric.kind;
+    let mut share: HashMap<LinkId, usize> = HashMap::new();
+    let mut last = 0.0f64;
+    for f in 0..bits.len() {
+        let p = at(f);
+        last = last.max(done[f] + cluster.latency(p));
+        let crosses = p.iter().any(|&l| kind[l] == LinkKind::Fabric);
+        if p.iter().any(|&l| kind[l] != LinkKind::Host) {
+            cost.bytes += (bits[f] / 8.0) as u64;
+            if bits[f] > 0.0 {
+                cost.slowdown = cost
+                    .slowdown
+                    .max(done[f] * cluster.fabric.edge_bps / bits[f]);
+            }
+        }
+        if crosses {
+            cost.crossing += 1;
+            for &l in p.iter().filter(|&&l| kind[l] == LinkKind::Fabric) {
+                cost.fabric_bits += bits[f];
+                *share.entry(l).or_default() += 1;
+            }
+        }
+    }
+    for f in 0..bits.len() {
+        let p = at(f);
+        if p.iter()
+            .any(|&l| kind[l] == LinkKind::Fabric && share[&l] > 1)
+        {
+            cost.collided += 1;
+        }
+    }
+    cost.max_share = share.values().copied().max().unwrap_or(0);
+    cost.time_s = last + overhead_s;
+    cost
+}
