@@ -28,7 +28,7 @@ pub struct Server {
 impl Server {
     /// One GPU and one NIC, nothing inside to share: a plain host.
     pub fn plain() -> Self {
-        Server {
+        Self {
             gpus: 1,
             nics: 1,
             nvlink_bps: f64::INFINITY,
@@ -105,7 +105,7 @@ impl Cluster {
             }
             first
         });
-        Ok(Cluster {
+        Ok(Self {
             fabric,
             server,
             servers,

@@ -34,10 +34,10 @@ pub fn max_min_rates_by<'a>(
     let mut local = vec![u32::MAX; capacity.len()];
     let mut links: Vec<LinkId> = Vec::new();
     let mut users: Vec<u32> = Vec::new();
-    for f in 0..n {
+    for (f, rate) in rate.iter_mut().enumerate() {
         let p = path(f);
         if p.is_empty() {
-            rate[f] = f64::INFINITY;
+            *rate = f64::INFINITY;
         }
         for &l in p {
             if local[l] == u32::MAX {
@@ -74,8 +74,8 @@ pub fn max_min_rates_by<'a>(
             continue; // stale
         }
         let s = f64::from_bits(bits);
-        for k in start[i]..start[i + 1] {
-            let f = by_link[k] as usize;
+        for &f in &by_link[start[i]..start[i + 1]] {
+            let f = f as usize;
             if !rate[f].is_nan() {
                 continue;
             }

@@ -123,6 +123,9 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
     let mut done = 0usize;
     let mut finished = vec![false; n];
     let mut ready: Vec<usize> = (0..n).collect();
+    // Rates change only when flows start or end.
+    let mut rates: Vec<f64> = Vec::new();
+    let mut dirty = true;
 
     loop {
         // Start steps of ranks that are ready, as long as they can complete at once.
@@ -153,6 +156,7 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
                                     seq += 1;
                                 } else {
                                     out.bytes += bytes;
+                                    dirty = true;
                                     flows.push(Active {
                                         src: r,
                                         dst: to,
@@ -192,8 +196,11 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
             return Ok(out);
         }
         // The next event: a flow's last bit, or a delivery.
-        let paths: Vec<&[crate::LinkId]> = flows.iter().map(|f| f.path.as_slice()).collect();
-        let rates = max_min_rates(cluster.capacity(), &paths);
+        if dirty {
+            let paths: Vec<&[crate::LinkId]> = flows.iter().map(|f| f.path.as_slice()).collect();
+            rates = max_min_rates(cluster.capacity(), &paths);
+            dirty = false;
+        }
         let mut dt = f64::INFINITY;
         for (f, &rate) in flows.iter().zip(&rates) {
             dt = dt.min(f.bits / rate);
@@ -230,6 +237,8 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
             while k < flows.len() {
                 if flows[k].bits <= 1e-6 {
                     let f = flows.swap_remove(k);
+                    rates.swap_remove(k);
+                    dirty = true;
                     let at = t + cluster.latency(&f.path) + overhead_s;
                     deliveries.insert((at.to_bits(), seq), (f.src, f.dst));
                     seq += 1;

@@ -120,7 +120,7 @@ struct Builder {
 
 impl Builder {
     fn new(name: String, endpoints: usize, edge_bps: f64) -> Self {
-        Builder {
+        Self {
             f: Fabric {
                 name,
                 endpoints,
@@ -564,7 +564,7 @@ mod tests {
         assert_eq!(f.path(a, b, 1).len(), 2);
         assert_eq!(f.path(a, c, 1).len(), 4);
         // Every endpoint is some server's NIC, once.
-        let mut seen = vec![false; 64];
+        let mut seen = [false; 64];
         for h in 0..8 {
             for m in 0..8 {
                 let e = f.endpoint(h, m, 8);

@@ -1,0 +1,226 @@
+//! The planner's engines against each other and against closed forms, on servers with GPUs
+//! and NICs: the lockstep engine equals the alpha-beta ring, agrees with the event engine where
+//! ECMP collides, sees a 1:4 NIC ratio and oversubscription, and prices a fabric.
+
+use monel_ccl::RedOp;
+use monel_ccl::plan::{Algorithm, Collective};
+use monel_fabric::*;
+
+fn leaf_spine(leaves: usize, ports: usize, spines: usize, bps: f64, lat: f64) -> Fabric {
+    LeafSpine {
+        leaves,
+        hosts_per_leaf: ports,
+        spines,
+        host_link_bps: bps,
+        spine_link_bps: bps,
+        link_latency_s: lat,
+    }
+    .build()
+    .unwrap()
+}
+
+fn allreduce(bytes: u64, channels: usize) -> CollectiveSpec {
+    CollectiveSpec {
+        coll: Collective::AllReduce(RedOp::Sum),
+        algo: Algorithm::Ring,
+        bytes,
+        elem_bytes: 4,
+        channels,
+        ranks: 0,
+    }
+}
+
+#[test]
+fn lockstep_ring_matches_the_alpha_beta_formula() {
+    let (bps, lat, overhead) = (400e9, 1e-6, 2e-6);
+    for n in [2usize, 5, 16, 128] {
+        let c = Cluster::plain(leaf_spine(1, n, 0, bps, lat));
+        let bytes = (n * 65_536 * 4) as u64;
+        let got = run_collective(&c, &allreduce(bytes, 1), Engine::Lockstep, overhead).unwrap();
+        let want = 2.0 * (n - 1) as f64 * (2.0 * lat + overhead)
+            + 2.0 * (n - 1) as f64 / n as f64 * bytes as f64 * 8.0 / bps;
+        assert!(
+            ((got.time_s - want) / want).abs() < 1e-9,
+            "n={n}: {} vs {want}",
+            got.time_s
+        );
+        let s = got.stats.unwrap();
+        assert_eq!((s.steps, s.distinct_steps), (2 * (n - 1), 1));
+        assert!(
+            (got.busbw - bps / 8.0 * 0.0 - got.algbw * 2.0 * (n - 1) as f64 / n as f64).abs()
+                < 1e-3
+        );
+    }
+}
+
+#[test]
+fn lockstep_and_event_engines_agree_on_mid_size_fabrics() {
+    // 64 GPUs, 8 per server, one NIC each, on a leaf-spine where ECMP collides; 8 channels.
+    let server = Server {
+        gpus: 8,
+        nics: 8,
+        nvlink_bps: 3.6e12,
+        pcie_bps: 512e9,
+    };
+    for (spines, channels, algo) in [
+        (4, 8, Algorithm::Ring),
+        (2, 1, Algorithm::Ring),
+        (4, 1, Algorithm::Halving),
+    ] {
+        let c = Cluster::new(leaf_spine(4, 16, spines, 400e9, 1e-6), server.clone()).unwrap();
+        let spec = CollectiveSpec {
+            algo,
+            ..allreduce(64 << 20, channels)
+        };
+        let ev = run_collective(&c, &spec, Engine::Event, 2e-6).unwrap();
+        let ls = run_collective(&c, &spec, Engine::Lockstep, 2e-6).unwrap();
+        assert_eq!((ev.engine, ls.engine), (Engine::Event, Engine::Lockstep));
+        let err = (ls.time_s - ev.time_s).abs() / ev.time_s;
+        eprintln!(
+            "{spines} spines, {channels} channels, {algo:?}: lockstep {:.4} ms, event {:.4} ms, {:+.1}%",
+            ls.time_s * 1e3,
+            ev.time_s * 1e3,
+            100.0 * (ls.time_s / ev.time_s - 1.0)
+        );
+        assert!(
+            err < 0.07,
+            "{spines} spines, {channels} channels, {algo:?}: lockstep {} s, event {} s",
+            ls.time_s,
+            ev.time_s
+        );
+    }
+}
+
+#[test]
+fn a_nic_per_four_gpus_slows_the_inter_server_ring() {
+    let run = |nics: usize| {
+        let f = leaf_spine(1, 8 * nics, 0, 400e9, 1e-6);
+        let c = Cluster::new(
+            f,
+            Server {
+                gpus: 8,
+                nics,
+                nvlink_bps: 7.2e12,
+                pcie_bps: 512e9,
+            },
+        )
+        .unwrap();
+        run_collective(&c, &allreduce(1 << 30, 8), Engine::Auto, 2e-6).unwrap()
+    };
+    let (one, four) = (run(8), run(2));
+    // 8 channels on 8 NICs vs 4 channels on each of 2 NICs: the NIC is the bottleneck.
+    let ratio = four.time_s / one.time_s;
+    assert!((3.5..=4.1).contains(&ratio), "1:4 / 1:1 = {ratio}");
+}
+
+#[test]
+fn oversubscribed_leaves_slow_all_to_all_not_rings_in_locality_order() {
+    let run = |spines: usize, coll: Collective, algo: Algorithm| {
+        let c = Cluster::plain(leaf_spine(4, 16, spines, 100e9, 1e-6));
+        let spec = CollectiveSpec {
+            coll,
+            algo,
+            ..allreduce(64 << 20, 1)
+        };
+        run_collective(&c, &spec, Engine::Auto, 1e-6).unwrap()
+    };
+    let a2a = |s| run(s, Collective::AllToAll, Algorithm::Direct).time_s;
+    let ring = |s| run(s, Collective::AllReduce(RedOp::Sum), Algorithm::Ring).time_s;
+    // 4:1 (4 spines under 16 ports) against 1:1 (16 spines).
+    assert!(a2a(4) > 2.0 * a2a(16), "{} vs {}", a2a(4), a2a(16));
+    assert!(ring(4) < 1.05 * ring(16), "{} vs {}", ring(4), ring(16));
+}
+
+#[test]
+fn ecmp_collisions_are_counted() {
+    let c = Cluster::plain(leaf_spine(2, 32, 32, 100e9, 0.0));
+    let spec = CollectiveSpec {
+        coll: Collective::AllToAll,
+        algo: Algorithm::Direct,
+        ..allreduce(64 << 20, 1)
+    };
+    let s = run_collective(&c, &spec, Engine::Lockstep, 0.0)
+        .unwrap()
+        .stats
+        .unwrap();
+    assert!(s.max_flows_per_fabric_link > 1, "{s:?}");
+    assert!(
+        s.collided_fraction > 0.0 && s.collided_fraction <= 1.0,
+        "{s:?}"
+    );
+    let u = s.fabric_utilization.unwrap();
+    assert!(u > 0.0 && u <= 1.0, "{s:?}");
+}
+
+#[test]
+fn tree_is_not_symmetric_and_runs_on_the_event_engine() {
+    let c = Cluster::plain(leaf_spine(1, 12, 0, 100e9, 1e-6));
+    let spec = CollectiveSpec {
+        algo: Algorithm::Tree,
+        ..allreduce(8 << 20, 1)
+    };
+    let auto = run_collective(&c, &spec, Engine::Auto, 1e-6).unwrap();
+    assert_eq!(auto.engine, Engine::Event);
+    let e = run_collective(&c, &spec, Engine::Lockstep, 1e-6).unwrap_err();
+    assert!(e.to_string().contains("not rank-symmetric"), "{e}");
+}
+
+#[test]
+fn training_overlaps_buckets_with_backward() {
+    let c = Cluster::plain(leaf_spine(1, 8, 0, 100e9, 1e-6));
+    let t = Training {
+        forward_s: 0.010,
+        backward_s: 0.020,
+        optimizer_s: 0.002,
+        gradient_bytes: 100 << 20,
+        bucket_bytes: 25 << 20,
+    };
+    let r = training_step(&c, &t, &allreduce(0, 1), Engine::Auto, 1e-6).unwrap();
+    assert_eq!(r.buckets, 4);
+    // Each 25 MiB all-reduce takes ~3.7 ms at 100 Gb/s; three hide behind backward, the last
+    // one is exposed.
+    let one = run_collective(&c, &allreduce(25 << 20, 1), Engine::Auto, 1e-6)
+        .unwrap()
+        .time_s;
+    assert!((r.allreduce_s - 4.0 * one).abs() < 1e-12);
+    assert!((r.exposed_s - one).abs() < 1e-9, "{r:?} one={one}");
+    assert!((r.step_s - (0.032 + one)).abs() < 1e-9);
+    let e = training_step(
+        &c,
+        &Training {
+            bucket_bytes: 0,
+            ..t
+        },
+        &allreduce(0, 1),
+        Engine::Auto,
+        0.0,
+    )
+    .unwrap_err();
+    assert!(e.to_string().starts_with("gradients"), "{e}");
+}
+
+#[test]
+fn cost_counts_the_parts() {
+    let f = FatTree {
+        k: 8,
+        tiers: 3,
+        link_bps: 400e9,
+        link_latency_s: 1e-6,
+    }
+    .build()
+    .unwrap();
+    let c = Cluster::plain(f);
+    let p = Prices {
+        switch: 10.0,
+        nic: 1.0,
+        cable: 0.5,
+        optic: 0.25,
+    };
+    let k = cost(&c, &p);
+    assert_eq!(
+        (k.switches, k.nics, k.cables, k.optics),
+        (80, 128, 384, 512)
+    );
+    assert_eq!(k.total, 800.0 + 128.0 + 192.0 + 128.0);
+    assert_eq!(k.per_gpu, k.total / 128.0);
+}
