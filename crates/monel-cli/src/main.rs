@@ -5,6 +5,7 @@ mod connect;
 mod demo;
 mod devices;
 mod dump;
+mod fabric;
 mod launch;
 mod perf;
 mod pingpong;
@@ -48,6 +49,9 @@ enum Cmd {
     /// nccl-tests-style collective benchmark (run under `monel launch`, torchrun, Slurm or
     /// mpirun): size, count, type, redop, root, time, algbw, busbw, #wrong.
     Bench(bench::BenchArgs),
+    /// Fabric planner: predict collectives, training steps and cost on InfiniBand fat-trees,
+    /// RoCE leaf-spines and rail-optimized fabrics from a TOML design.
+    Fabric(fabric::FabricArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -62,5 +66,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Transfer(a) => transfer::run(&a),
         Cmd::Launch(a) => launch::run(&a),
         Cmd::Bench(a) => bench::run(&a),
+        Cmd::Fabric(a) => fabric::run(&a),
     }
 }

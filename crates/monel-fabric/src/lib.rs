@@ -12,6 +12,7 @@
 //! Everything is deterministic: the same inputs give the same answer, bit for bit.
 
 pub mod cluster;
+pub mod config;
 pub mod flow;
 pub mod lockstep;
 pub mod plan;
@@ -20,6 +21,9 @@ pub mod topology;
 pub mod units;
 
 pub use cluster::{Cluster, Server};
+pub use config::{
+    ConfigError, Design, Report, SweepRow, Transport, evaluate, parse_design, svg_chart,
+};
 pub use flow::{Flow, drain, max_min_rates, max_min_rates_by};
 pub use lockstep::{Lockstep, SymJob, Symmetry, lockstep, symmetric};
 pub use plan::{
@@ -27,5 +31,7 @@ pub use plan::{
     cost, run_collective, training_step,
 };
 pub use replay::{Job, Replay, ReplayError, replay, sport};
-pub use topology::{Fabric, FatTree, LeafSpine, LinkId, LinkKind, RailOptimized, TopologyError};
+pub use topology::{
+    Fabric, FatTree, LeafSpine, LinkId, LinkKind, RailOptimized, Routing, TopologyError,
+};
 pub use units::{UnitError, parse_bandwidth, parse_bytes, parse_time};

@@ -355,8 +355,8 @@ pub fn training_step(
 /// Prices of the parts, in any one currency.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Prices {
-    /// Per switch.
-    pub switch: f64,
+    /// Per switch port in use (so chassis and fixed switches compare).
+    pub switch_port: f64,
     /// Per NIC.
     pub nic: f64,
     /// Per cable (one per link pair).
@@ -370,6 +370,8 @@ pub struct Prices {
 pub struct Cost {
     /// Switches.
     pub switches: usize,
+    /// Switch ports in use.
+    pub switch_ports: usize,
     /// NICs.
     pub nics: usize,
     /// Cables (endpoint-to-switch and switch-to-switch).
@@ -382,25 +384,29 @@ pub struct Cost {
     pub per_gpu: f64,
 }
 
-/// What the network of `cluster` costs at `prices`.
-pub fn cost(cluster: &Cluster, prices: &Prices) -> Cost {
+/// What the network of `cluster` costs at `prices` for `gpus` GPUs (the servers they fill;
+/// every switch built is paid for, partly filled or not).
+pub fn cost(cluster: &Cluster, prices: &Prices, gpus: usize) -> Cost {
     use crate::topology::LinkKind;
     let f = &cluster.fabric;
     let count = |k: LinkKind| (0..f.links()).filter(|&l| f.kind[l] == k).count() / 2;
-    let (edge, fabric) = (count(LinkKind::Edge), count(LinkKind::Fabric));
-    let switches = f.switches();
-    let nics = f.hosts();
+    let fabric = count(LinkKind::Fabric);
+    let switches = f.billed_switches;
+    let nics = gpus.div_ceil(cluster.server.gpus) * cluster.server.nics;
+    let edge = nics;
     let optics = 2 * fabric;
-    let total = switches as f64 * prices.switch
+    let switch_ports = edge + 2 * fabric;
+    let total = switch_ports as f64 * prices.switch_port
         + nics as f64 * prices.nic
         + (edge + fabric) as f64 * prices.cable
         + optics as f64 * prices.optic;
     Cost {
         switches,
+        switch_ports,
         nics,
         cables: edge + fabric,
         optics,
         total,
-        per_gpu: total / cluster.gpus() as f64,
+        per_gpu: total / gpus.max(1) as f64,
     }
 }

@@ -79,6 +79,17 @@ pub fn ecmp_hash(src: usize, dst: usize, udp_sport: u16, switch: usize) -> u64 {
     x ^ (x >> 31)
 }
 
+/// How switches choose among equal uplinks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routing {
+    /// RoCE: a hash of the 5-tuple, the QP's UDP source port included.
+    Ecmp,
+    /// InfiniBand's static fat-tree routing (OpenSM ftree, "D-mod-k"): the uplink is picked
+    /// by the destination's number, which spreads any permutation of distinct destinations
+    /// evenly over the uplinks.
+    DestMod,
+}
+
 /// A built fabric: nodes (endpoints, then switches), directed links and how flows cross them.
 #[derive(Debug, Clone)]
 pub struct Fabric {
@@ -101,6 +112,11 @@ pub struct Fabric {
     layout: Layout,
     /// Endpoint (NIC port) speed, bits per second.
     pub edge_bps: f64,
+    /// How uplinks are chosen.
+    pub routing: Routing,
+    /// Switches to pay for (a partly populated fat-tree needs fewer core switches than it
+    /// models: their ports are consolidated).
+    pub billed_switches: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +150,8 @@ impl Builder {
                 cover: (0..endpoints).map(|e| e..e + 1).collect(),
                 layout: Layout::HostMajor,
                 edge_bps,
+                routing: Routing::Ecmp,
+                billed_switches: 0,
             },
         }
     }
@@ -166,6 +184,7 @@ impl Builder {
         for d in &mut self.f.down {
             d.sort_by_key(|(r, l)| (r.start, *l));
         }
+        self.f.billed_switches = self.f.switches();
         self.f
     }
 }
@@ -263,14 +282,20 @@ pub struct FatTree {
     pub link_bps: f64,
     /// Latency of every link, seconds.
     pub link_latency_s: f64,
+    /// Pods built (3 tiers; 0: all k). Fewer pods serve fewer endpoints; the core switches'
+    /// unused ports are consolidated when billing.
+    pub pods: usize,
 }
 
 impl FatTree {
+    fn pods(&self) -> usize {
+        if self.pods == 0 { self.k } else { self.pods }
+    }
     /// Endpoints it serves.
     pub fn endpoints(&self) -> usize {
         match self.tiers {
             2 => self.k * self.k / 2,
-            _ => self.k * self.k * self.k / 4,
+            _ => self.pods() * self.k * self.k / 4,
         }
     }
 
@@ -285,11 +310,15 @@ impl FatTree {
         }
         positive("link_speed", self.link_bps)?;
         latency_ok(self.link_latency_s)?;
+        if self.pods > k {
+            return Err(bad("pods", format!("{}: want at most k = {k}", self.pods)));
+        }
         let (h, bps, lat) = (k / 2, self.link_bps, self.link_latency_s);
         let n = self.endpoints();
         let name = format!("{}-tier fat-tree k={k}", self.tiers);
         let mut b = Builder::new(name, n, bps);
-        let leaves = if self.tiers == 2 { k } else { k * h };
+        let pods = self.pods();
+        let leaves = if self.tiers == 2 { k } else { pods * h };
         let edge: Vec<usize> = (0..leaves).map(|l| b.switch(l * h..(l + 1) * h)).collect();
         b.tier(leaves);
         for e in 0..n {
@@ -306,11 +335,11 @@ impl FatTree {
             return Ok(b.finish());
         }
         let pod = h * h; // endpoints per pod
-        let agg: Vec<usize> = (0..k * h)
+        let agg: Vec<usize> = (0..pods * h)
             .map(|a| b.switch((a / h) * pod..(a / h + 1) * pod))
             .collect();
-        b.tier(k * h);
-        for p in 0..k {
+        b.tier(pods * h);
+        for p in 0..pods {
             for e in 0..h {
                 for a in 0..h {
                     b.cable(edge[p * h + e], agg[p * h + a], bps, lat, LinkKind::Fabric);
@@ -321,11 +350,13 @@ impl FatTree {
         b.tier(h * h);
         // Core j is wired to aggregation switch j / (k/2) of every pod.
         for (j, &c) in core.iter().enumerate() {
-            for p in 0..k {
+            for p in 0..pods {
                 b.cable(agg[p * h + j / h], c, bps, lat, LinkKind::Fabric);
             }
         }
-        Ok(b.finish())
+        let mut f = b.finish();
+        f.billed_switches = leaves + pods * h + (h * h * pods).div_ceil(k);
+        Ok(f)
     }
 }
 
@@ -457,10 +488,15 @@ impl Fabric {
     /// [`Fabric::path`] into a reused buffer (appended).
     pub fn path_into(&self, src: usize, dst: usize, sport: u16, path: &mut Vec<LinkId>) {
         let mut node = src;
+        let mut spread = dst;
         while !self.cover[node].contains(&dst) {
             let ups = &self.up[node];
             let pick = if ups.len() == 1 {
                 0
+            } else if self.routing == Routing::DestMod {
+                let p = spread % ups.len();
+                spread /= ups.len();
+                p
             } else {
                 (ecmp_hash(src, dst, sport, node) % ups.len() as u64) as usize
             };
@@ -526,6 +562,7 @@ mod tests {
             tiers: 3,
             link_bps: 1e9,
             link_latency_s: 0.0,
+            pods: 0,
         };
         let f = t3.build().unwrap();
         assert_eq!(f.hosts(), 128); // k^3/4
@@ -581,6 +618,7 @@ mod tests {
             tiers: 3,
             link_bps: 1e9,
             link_latency_s: 0.0,
+            pods: 0,
         }
         .build()
         .unwrap_err();
@@ -590,6 +628,7 @@ mod tests {
             tiers: 4,
             link_bps: 1e9,
             link_latency_s: 0.0,
+            pods: 0,
         }
         .build()
         .unwrap_err();

@@ -206,21 +206,24 @@ fn cost_counts_the_parts() {
         tiers: 3,
         link_bps: 400e9,
         link_latency_s: 1e-6,
+        pods: 0,
     }
     .build()
     .unwrap();
     let c = Cluster::plain(f);
     let p = Prices {
-        switch: 10.0,
+        switch_port: 10.0,
         nic: 1.0,
         cable: 0.5,
         optic: 0.25,
     };
-    let k = cost(&c, &p);
+    let k = cost(&c, &p, 128);
     assert_eq!(
         (k.switches, k.nics, k.cables, k.optics),
         (80, 128, 384, 512)
     );
-    assert_eq!(k.total, 800.0 + 128.0 + 192.0 + 128.0);
+    // Every switch port of a full k=8 fat-tree is used: 80 switches x 8 ports.
+    assert_eq!(k.switch_ports, 640);
+    assert_eq!(k.total, 6400.0 + 128.0 + 192.0 + 128.0);
     assert_eq!(k.per_gpu, k.total / 128.0);
 }
