@@ -137,17 +137,24 @@ def job_order():
     print(json.dumps({"ok": True, "seconds": time.monotonic() - started}))
 
 
-def bad_input():
-    c = monel.Communicator.from_env()
-    seen = []
+def expecter(seen):
+    """`expect(exc, f)`: calls f, which must raise exc; notes the error in `seen`, returns it."""
 
     def expect(exc, f):
         try:
             f()
         except exc as e:
-            seen.append(f"{exc.__name__}: {e}")
-            return
+            seen.append(f"{type(e).__name__}: {e}")
+            return e
         raise AssertionError(f"no {exc.__name__}")
+
+    return expect
+
+
+def bad_input():
+    c = monel.Communicator.from_env()
+    seen = []
+    expect = expecter(seen)
 
     x = np.ones(8, np.float32)
     expect(monel.InvalidArgumentError, lambda: c.all_reduce(np.ones(3, np.complex64)))
@@ -352,14 +359,7 @@ def torch_errors():
     dist.init_process_group("monel")
     r, n = dist.get_rank(), dist.get_world_size()
     seen = []
-
-    def expect(exc, f):
-        try:
-            f()
-        except exc as e:
-            seen.append(f"{type(e).__name__}: {e}")
-            return e
-        raise AssertionError(f"no {exc.__name__}")
+    expect = expecter(seen)
 
     t = torch.ones(4, 4)
     expect(monel.InvalidArgumentError, lambda: dist.all_reduce(t.t()))
