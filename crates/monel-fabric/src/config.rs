@@ -131,6 +131,22 @@ fn closest<'k>(key: &str, allowed: &[&'k str]) -> Option<&'k str> {
         .map(|(_, a)| a)
 }
 
+/// Refuses keys of `t` not in `allowed`, naming the closest allowed one.
+fn known_keys(t: &Table, prefix: &str, allowed: &[&str]) -> Result<(), ConfigError> {
+    match t.keys().find(|k| !allowed.contains(&k.as_str())) {
+        None => Ok(()),
+        Some(k) => {
+            let hint = closest(k, allowed)
+                .map(|c| format!("did you mean {c}? "))
+                .unwrap_or_default();
+            Err(err(
+                format!("{prefix}{k}"),
+                format!("unknown key; {hint}allowed: {}", allowed.join(", ")),
+            ))
+        }
+    }
+}
+
 impl<'a> Section<'a> {
     fn new(root: &'a Table, name: &'static str, allowed: &[&str]) -> Result<Self, ConfigError> {
         let t = match root.get(name) {
@@ -139,17 +155,7 @@ impl<'a> Section<'a> {
             Some(_) => return Err(err(name, "want a table ([section])")),
         };
         if let Some(t) = t {
-            for k in t.keys() {
-                if !allowed.contains(&k.as_str()) {
-                    let hint = closest(k, allowed)
-                        .map(|c| format!("did you mean {c}? "))
-                        .unwrap_or_default();
-                    return Err(err(
-                        format!("{name}.{k}"),
-                        format!("unknown key; {hint}allowed: {}", allowed.join(", ")),
-                    ));
-                }
-            }
+            known_keys(t, &format!("{name}."), allowed)?;
         }
         Ok(Section { name, t })
     }
@@ -169,10 +175,12 @@ impl<'a> Section<'a> {
             )),
         }
     }
-    fn choice(&self, key: &str, allowed: &[&str], default: &'a str) -> Result<&'a str, ConfigError>
-    where
-        'a: 'a,
-    {
+    fn choice(
+        &self,
+        key: &str,
+        allowed: &[&str],
+        default: &'a str,
+    ) -> Result<&'a str, ConfigError> {
         let v = self.str(key)?.unwrap_or(default);
         if allowed.contains(&v) {
             Ok(v)
@@ -275,17 +283,7 @@ pub fn parse_design(text: &str, name: &str, gpus: Option<usize>) -> Result<Desig
     let root: Table = text
         .parse()
         .map_err(|e: toml::de::Error| err("toml", e.to_string().trim().to_string()))?;
-    for k in root.keys() {
-        if !TOP.contains(&k.as_str()) {
-            let hint = closest(k, TOP)
-                .map(|c| format!("did you mean {c}? "))
-                .unwrap_or_default();
-            return Err(err(
-                k.as_str(),
-                format!("unknown key; {hint}allowed: {}", TOP.join(", ")),
-            ));
-        }
-    }
+    known_keys(&root, "", TOP)?;
     let top = Section {
         name: "",
         t: Some(&root),

@@ -6,15 +6,6 @@ use std::collections::BinaryHeap;
 
 use crate::LinkId;
 
-/// A flow in the fluid model.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Flow {
-    /// The links it crosses.
-    pub path: Vec<LinkId>,
-    /// Bits still to send.
-    pub remaining_bits: f64,
-}
-
 /// Max-min fair rates (bits per second) of flows crossing links of `capacity`, by water
 /// filling: the most constrained link fixes the rate of its flows, which leave the problem,
 /// until every flow has a rate. A flow with an empty path (inside one host) gets `f64::INFINITY`.

@@ -24,7 +24,7 @@ pub use cluster::{Cluster, Server};
 pub use config::{
     ConfigError, Design, Report, SweepRow, Transport, evaluate, parse_design, svg_chart,
 };
-pub use flow::{Flow, drain, max_min_rates, max_min_rates_by};
+pub use flow::{drain, max_min_rates, max_min_rates_by};
 pub use lockstep::{Lockstep, SymJob, Symmetry, lockstep, symmetric};
 pub use plan::{
     CollectiveSpec, Cost, Engine, Outcome, PlanError, Prices, StepReport, Training, busbw_factor,

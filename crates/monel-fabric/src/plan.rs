@@ -116,10 +116,10 @@ pub fn busbw_factor(coll: Collective, n: usize) -> f64 {
 pub fn channel_order(cluster: &Cluster, ranks: usize, c: usize, channels: usize) -> Vec<usize> {
     let g = cluster.server.gpus;
     let rot = c * g / channels.max(1);
+    let servers_full = ranks / g * g;
     (0..ranks)
         .map(|i| {
             let (s, k) = (i / g, i % g);
-            let servers_full = ranks / g * g;
             if i >= servers_full {
                 i // a partly used last server: no rotation
             } else {
@@ -186,16 +186,22 @@ pub fn run_collective(
             (0..n).collect()
         }
     };
+    // Rank 0's schedule and its symmetry, per count (each computed once).
+    let mut made: HashMap<usize, (monel_ccl::schedule::Schedule, crate::Symmetry)> = HashMap::new();
     let use_lockstep = match engine {
         Engine::Lockstep => true,
         Engine::Event => false,
-        Engine::Auto => symmetric(n, |r| sched(counts[0], r).expect("checked")).is_ok(),
+        Engine::Auto => match symmetric(n, |r| sched(counts[0], r).expect("checked")) {
+            Ok(x) => {
+                made.insert(counts[0], x);
+                true
+            }
+            Err(_) => false,
+        },
     };
     let mut stats = None;
     let time_s = if use_lockstep {
         let mut jobs = Vec::with_capacity(channels);
-        let mut made: HashMap<usize, (monel_ccl::schedule::Schedule, crate::Symmetry)> =
-            HashMap::new();
         for (c, &count) in counts.iter().enumerate() {
             let (s0, sym) = match made.get(&count) {
                 Some(x) => x.clone(),
