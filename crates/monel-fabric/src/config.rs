@@ -11,7 +11,13 @@
 //!              # channels (default: GPUs per server)
 //! [training]   # forward, backward, optimizer (times), gradients, bucket (sizes); optional
 //! [prices]     # switch_port, nic, cable, optic; optional
-//! [sim]        # overhead = "2us" per message, engine = "auto" | "event" | "lockstep"
+//!              # packet engine: mtu = "4KiB", switch_buffer = "32MiB", flow_control =
+//!              # "pfc" | "lossy" (RoCE) | "credits" (InfiniBand), adaptive_routing = false
+//! [congestion] # RoCE: algorithm = "dcqcn" | "none", ecn_kmin, ecn_kmax (sizes), ecn_pmax,
+//!              # rate_ai, rate_hai (speeds), timer (time); defaults scale with link_speed
+//! [background] # a competing job on the next servers: gpus, op, algorithm, size
+//! [sim]        # overhead = "2us" per message, engine = "auto" | "event" | "lockstep" |
+//!              # "packet"
 //! ```
 //! Every mistake is an error that names the field and says what is allowed: unknown keys
 //! (with the closest known one), wrong types, bare numbers where a unit is needed, shapes
@@ -24,9 +30,10 @@ use monel_ccl::plan::{Algorithm, Collective};
 use toml::{Table, Value};
 
 use crate::cluster::{Cluster, Server};
+use crate::packet::{Ecn, FlowControl, PacketParams};
 use crate::plan::{
-    CollectiveSpec, Cost, Engine, Outcome, PlanError, Prices, StepReport, Training, cost,
-    run_collective, training_step,
+    Background, CollectiveSpec, Cost, Engine, Outcome, PlanError, Prices, Scenario, StepReport,
+    Training, cost, run_scenario, training_step,
 };
 use crate::topology::{FatTree, LeafSpine, RailOptimized, Routing, TopologyError};
 use crate::units::{parse_bandwidth, parse_bytes, parse_time};
@@ -100,6 +107,8 @@ pub struct Design {
     pub overhead_s: f64,
     /// Engine.
     pub engine: Engine,
+    /// Packet-engine settings and competing jobs.
+    pub scenario: Scenario,
 }
 
 /// Reads one table's keys, refusing unknown ones.
@@ -191,6 +200,13 @@ impl<'a> Section<'a> {
             ))
         }
     }
+    fn bool(&self, key: &str) -> Result<Option<bool>, ConfigError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Boolean(b)) => Ok(Some(*b)),
+            Some(v) => Err(err(self.field(key), format!("{v}: want true or false"))),
+        }
+    }
     fn int(&self, key: &str, min: i64) -> Result<Option<usize>, ConfigError> {
         match self.get(key) {
             None => Ok(None),
@@ -274,6 +290,8 @@ const TOP: &[&str] = &[
     "collective",
     "training",
     "prices",
+    "congestion",
+    "background",
     "sim",
 ];
 
@@ -318,7 +336,16 @@ pub fn parse_design(text: &str, name: &str, gpus: Option<usize>) -> Result<Desig
             format!("{}: want a divisor of server.gpus ({per})", server.nics),
         ));
     }
-    let servers = gpus.div_ceil(per);
+    let bg = Section::new(&root, "background", &["gpus", "op", "algorithm", "size"])?;
+    let bg_gpus = match bg.t {
+        None => 0,
+        Some(_) => bg
+            .int("gpus", 1)?
+            .ok_or_else(|| err("background.gpus", "missing: want the competing job's GPUs"))?,
+    };
+    // The competing job starts on the server after the planned job's last.
+    let bg_first = gpus.div_ceil(per) * per;
+    let servers = (bg_first + bg_gpus).div_ceil(per);
     let endpoints = servers * server.nics;
 
     let f = Section::new(
@@ -334,6 +361,10 @@ pub fn parse_design(text: &str, name: &str, gpus: Option<usize>) -> Result<Desig
             "servers_per_unit",
             "spine_radix",
             "tiers",
+            "mtu",
+            "switch_buffer",
+            "flow_control",
+            "adaptive_routing",
         ],
     )?;
     let kind = f.choice("kind", &["leaf-spine", "fat-tree", "rail-optimized"], "")?;
@@ -482,39 +513,7 @@ pub fn parse_design(text: &str, name: &str, gpus: Option<usize>) -> Result<Desig
         "collective",
         &["op", "algorithm", "size", "dtype", "channels"],
     )?;
-    let coll = match c.choice(
-        "op",
-        &[
-            "all_reduce",
-            "all_gather",
-            "reduce_scatter",
-            "alltoall",
-            "broadcast",
-            "reduce",
-        ],
-        "all_reduce",
-    )? {
-        "all_gather" => Collective::AllGather,
-        "reduce_scatter" => Collective::ReduceScatter(RedOp::Sum),
-        "alltoall" => Collective::AllToAll,
-        "broadcast" => Collective::Broadcast(0),
-        "reduce" => Collective::Reduce(RedOp::Sum, 0),
-        _ => Collective::AllReduce(RedOp::Sum),
-    };
-    let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
-    let algo = Algorithm::parse(c.choice("algorithm", &names, "ring")?).expect("listed");
-    if !coll.algorithms().contains(&algo) {
-        let have: Vec<&str> = coll.algorithms().iter().map(|a| a.name()).collect();
-        return Err(err(
-            "collective.algorithm",
-            format!(
-                "{} has no {}: want one of {}",
-                coll.name(),
-                algo.name(),
-                have.join(", ")
-            ),
-        ));
-    }
+    let (coll, algo) = op_and_algorithm(&c)?;
     let elem_bytes = match c.choice(
         "dtype",
         &["float32", "bfloat16", "float16", "float64", "int8", "fp8"],
@@ -560,10 +559,29 @@ pub fn parse_design(text: &str, name: &str, gpus: Option<usize>) -> Result<Desig
         }),
     };
     let sim = Section::new(&root, "sim", &["overhead", "engine"])?;
-    let engine = match sim.choice("engine", &["auto", "event", "lockstep"], "auto")? {
+    let engine = match sim.choice("engine", &["auto", "event", "lockstep", "packet"], "auto")? {
         "event" => Engine::Event,
         "lockstep" => Engine::Lockstep,
+        "packet" => Engine::Packet,
         _ => Engine::Auto,
+    };
+    let packet = packet_params(&f, &root, transport, bps)?;
+    let background = match bg.t {
+        None => Vec::new(),
+        Some(_) => {
+            let (coll, algo) = op_and_algorithm(&bg)?;
+            vec![Background {
+                spec: CollectiveSpec {
+                    coll,
+                    algo,
+                    bytes: bg.bytes("size", Some("1GiB"))?,
+                    elem_bytes,
+                    channels: per,
+                    ranks: bg_gpus,
+                },
+                first_gpu: bg_first,
+            }]
+        }
     };
     Ok(Design {
         name,
@@ -575,7 +593,148 @@ pub fn parse_design(text: &str, name: &str, gpus: Option<usize>) -> Result<Desig
         prices,
         overhead_s: sim.secs("overhead", Some("2us"))?,
         engine,
+        scenario: Scenario {
+            packet: Some(packet),
+            background,
+        },
     })
+}
+
+/// The `op` and `algorithm` keys of a collective's section.
+fn op_and_algorithm(c: &Section<'_>) -> Result<(Collective, Algorithm), ConfigError> {
+    let coll = match c.choice(
+        "op",
+        &[
+            "all_reduce",
+            "all_gather",
+            "reduce_scatter",
+            "alltoall",
+            "broadcast",
+            "reduce",
+        ],
+        "all_reduce",
+    )? {
+        "all_gather" => Collective::AllGather,
+        "reduce_scatter" => Collective::ReduceScatter(RedOp::Sum),
+        "alltoall" => Collective::AllToAll,
+        "broadcast" => Collective::Broadcast(0),
+        "reduce" => Collective::Reduce(RedOp::Sum, 0),
+        _ => Collective::AllReduce(RedOp::Sum),
+    };
+    let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+    let algo = Algorithm::parse(c.choice("algorithm", &names, "ring")?).expect("listed");
+    if !coll.algorithms().contains(&algo) {
+        let have: Vec<&str> = coll.algorithms().iter().map(|a| a.name()).collect();
+        return Err(err(
+            c.field("algorithm"),
+            format!(
+                "{} has no {}: want one of {}",
+                coll.name(),
+                algo.name(),
+                have.join(", ")
+            ),
+        ));
+    }
+    Ok((coll, algo))
+}
+
+/// The packet engine's settings from `[fabric]` and `[congestion]`.
+fn packet_params(
+    f: &Section<'_>,
+    root: &Table,
+    transport: Transport,
+    bps: f64,
+) -> Result<PacketParams, ConfigError> {
+    let cc = Section::new(
+        root,
+        "congestion",
+        &[
+            "algorithm",
+            "ecn_kmin",
+            "ecn_kmax",
+            "ecn_pmax",
+            "rate_ai",
+            "rate_hai",
+            "timer",
+        ],
+    )?;
+    let ib = transport == Transport::Infiniband;
+    let mut p = if ib {
+        PacketParams::infiniband()
+    } else {
+        PacketParams::roce(bps)
+    };
+    if ib && let Some(t) = cc.t {
+        let key = t.keys().next().cloned().unwrap_or_default();
+        return Err(err(
+            format!("congestion.{key}"),
+            "InfiniBand's congestion control is not modelled (credits keep it lossless): \
+             remove [congestion], or use transport = \"roce\"",
+        ));
+    }
+    let mtu = f.bytes("mtu", Some("4KiB"))?;
+    if !(256..=1 << 20).contains(&mtu) {
+        return Err(err("fabric.mtu", format!("{mtu} B: want 256 B to 1 MiB")));
+    }
+    p.mtu = mtu as u32;
+    p.switch_buffer_bytes = f.bytes("switch_buffer", Some("32MiB"))?;
+    let default = if ib { "credits" } else { "pfc" };
+    p.flow_control = match f.choice("flow_control", &["pfc", "lossy", "credits"], default)? {
+        "pfc" if !ib => FlowControl::Pfc,
+        "lossy" if !ib => FlowControl::Lossy,
+        "credits" if ib => FlowControl::Credits,
+        other => {
+            return Err(err(
+                "fabric.flow_control",
+                format!(
+                    "{other:?}: {}",
+                    if ib {
+                        "InfiniBand uses \"credits\""
+                    } else {
+                        "RoCE wants \"pfc\" or \"lossy\""
+                    }
+                ),
+            ));
+        }
+    };
+    p.adaptive_routing = f.bool("adaptive_routing")?.unwrap_or(false);
+    if !ib {
+        let d = Ecn::for_link(bps);
+        let ecn = Ecn {
+            kmin_bytes: cc.bytes("ecn_kmin", Some(&format!("{}B", d.kmin_bytes)))?,
+            kmax_bytes: cc.bytes("ecn_kmax", Some(&format!("{}B", d.kmax_bytes)))?,
+            pmax: cc.num("ecn_pmax")?.unwrap_or(d.pmax),
+        };
+        if ecn.kmin_bytes > ecn.kmax_bytes {
+            return Err(err(
+                "congestion.ecn_kmin",
+                format!(
+                    "{} B is above ecn_kmax ({} B): want kmin <= kmax",
+                    ecn.kmin_bytes, ecn.kmax_bytes
+                ),
+            ));
+        }
+        if !(0.0..=1.0).contains(&ecn.pmax) {
+            return Err(err(
+                "congestion.ecn_pmax",
+                format!("{}: want a probability from 0 to 1", ecn.pmax),
+            ));
+        }
+        p.ecn = Some(ecn);
+        p.dcqcn = match cc.choice("algorithm", &["dcqcn", "none"], "dcqcn")? {
+            "none" => None,
+            _ => {
+                let mut d = p.dcqcn.expect("RoCE defaults to DCQCN");
+                d.rate_ai_bps = cc.bps("rate_ai", Some(&format!("{}bps", d.rate_ai_bps)))?;
+                d.rate_hai_bps = cc.bps("rate_hai", Some(&format!("{}bps", d.rate_hai_bps)))?;
+                d.time_reset = std::time::Duration::from_secs_f64(
+                    cc.secs("timer", Some(&format!("{}ns", d.time_reset.as_nanos())))?,
+                );
+                Some(d)
+            }
+        };
+    }
+    Ok(p)
 }
 
 /// What the planner says about a design.
@@ -594,7 +753,7 @@ pub struct Report {
 /// Runs a design.
 pub fn evaluate(design: Design) -> Result<Report, ConfigError> {
     let d = &design;
-    let outcome = run_collective(&d.cluster, &d.spec, d.engine, d.overhead_s)?;
+    let outcome = run_scenario(&d.cluster, &d.spec, d.engine, d.overhead_s, &d.scenario)?;
     let step = match &d.training {
         Some(t) => Some(training_step(
             &d.cluster,
@@ -605,6 +764,7 @@ pub fn evaluate(design: Design) -> Result<Report, ConfigError> {
             },
             d.engine,
             d.overhead_s,
+            &d.scenario,
         )?),
         None => None,
     };
@@ -664,6 +824,7 @@ impl fmt::Display for Report {
             o.busbw / 1e9,
             match o.engine {
                 Engine::Event => "event",
+                Engine::Packet => "packet",
                 _ => "lockstep",
             }
         )?;
@@ -681,10 +842,47 @@ impl fmt::Display for Report {
                 s.worst_slowdown
             )?;
         }
-        writeln!(
-            f,
-            "  PFC pauses: not modelled by the flow-level engines (lossless fair sharing)"
-        )?;
+        for b in &d.scenario.background {
+            writeln!(
+                f,
+                "  competing job: {} {} {} B on GPUs {}..{}",
+                b.spec.coll.name(),
+                b.spec.algo.name(),
+                b.spec.bytes,
+                b.first_gpu,
+                b.first_gpu + b.spec.ranks
+            )?;
+        }
+        match &o.packet {
+            Some(p) => {
+                let fab = &c.fabric;
+                let switch_links = (0..fab.links())
+                    .filter(|&l| fab.kind[l] != crate::topology::LinkKind::Host)
+                    .count();
+                let longest = p.paused_s.iter().copied().fold(0.0, f64::max);
+                writeln!(
+                    f,
+                    "  PFC: {} pause frames, {} of {switch_links} links paused (longest {:.3} ms \
+                     in all); ECN: {} marks, {} CNPs; {} drops; deepest queue {:.0} KB, fullest \
+                     switch buffer {:.0} KB ({} events, {} packets)",
+                    p.pauses,
+                    p.paused_links(),
+                    longest * 1e3,
+                    p.ecn_marks,
+                    p.cnps,
+                    p.drops,
+                    p.max_queue_bytes as f64 / 1e3,
+                    p.max_buffer_bytes as f64 / 1e3,
+                    p.events,
+                    p.packets
+                )?;
+            }
+            None => writeln!(
+                f,
+                "  PFC pauses: not modelled by the flow-level engines (lossless fair sharing); \
+                 [sim] engine = \"packet\" simulates them"
+            )?,
+        }
         if let Some(s) = &self.step {
             writeln!(
                 f,
@@ -737,16 +935,18 @@ pub struct SweepRow {
     pub utilization: Option<f64>,
     /// Most flows on one switch-to-switch link.
     pub max_flows_per_link: Option<usize>,
+    /// PFC pause frames (packet engine).
+    pub pfc_pauses: Option<u64>,
 }
 
 impl SweepRow {
     /// CSV header.
-    pub const HEADER: &'static str = "design,gpus,time_ms,busbw_GBps,step_ms,exposed_ms,cost_per_gpu,fabric_utilization,max_flows_per_link";
+    pub const HEADER: &'static str = "design,gpus,time_ms,busbw_GBps,step_ms,exposed_ms,cost_per_gpu,fabric_utilization,max_flows_per_link,pfc_pauses";
     /// This row in CSV.
     pub fn csv(&self) -> String {
         let o = |x: Option<f64>, k: f64| x.map(|v| format!("{:.4}", v * k)).unwrap_or_default();
         format!(
-            "{},{},{:.4},{:.3},{},{},{},{},{}",
+            "{},{},{:.4},{:.3},{},{},{},{},{},{}",
             self.design.replace(',', ";"),
             self.gpus,
             self.time_s * 1e3,
@@ -757,7 +957,8 @@ impl SweepRow {
             o(self.utilization, 1.0),
             self.max_flows_per_link
                 .map(|m| m.to_string())
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            self.pfc_pauses.map(|m| m.to_string()).unwrap_or_default()
         )
     }
 }
@@ -778,6 +979,7 @@ impl From<&Report> for SweepRow {
                 .stats
                 .as_ref()
                 .map(|s| s.max_flows_per_fabric_link),
+            pfc_pauses: r.outcome.packet.as_ref().map(|p| p.pauses),
         }
     }
 }

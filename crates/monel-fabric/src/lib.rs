@@ -15,7 +15,9 @@ pub mod cluster;
 pub mod config;
 pub mod flow;
 pub mod lockstep;
+pub mod packet;
 pub mod plan;
+mod radix;
 pub mod replay;
 pub mod topology;
 pub mod units;
@@ -26,9 +28,14 @@ pub use config::{
 };
 pub use flow::{drain, max_min_rates, max_min_rates_by};
 pub use lockstep::{Lockstep, SymJob, Symmetry, lockstep, symmetric};
+pub use packet::{
+    Ecn, Flow, FlowControl, PacketError, PacketParams, PacketReport, Sample, simulate_flows,
+    simulate_jobs,
+};
 pub use plan::{
-    CollectiveSpec, Cost, Engine, Outcome, PlanError, Prices, StepReport, Training, busbw_factor,
-    cost, run_collective, training_step,
+    Background, CollectiveSpec, Cost, Engine, Outcome, PACKET_ENGINE_MAX_PACKETS, PlanError,
+    Prices, Scenario, StepReport, Training, busbw_factor, cost, run_collective, run_scenario,
+    training_step,
 };
 pub use replay::{Job, Replay, ReplayError, replay, sport};
 pub use topology::{

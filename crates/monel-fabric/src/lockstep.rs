@@ -137,6 +137,8 @@ pub struct Lockstep {
     /// Time the slowest inter-server message of a step took over what its NIC alone allows,
     /// worst step (1.0: no contention anywhere).
     pub worst_slowdown: f64,
+    /// Each job's completion time, seconds.
+    pub job_time_s: Vec<f64>,
 }
 
 struct StepCost {
@@ -252,6 +254,7 @@ pub fn lockstep(
     }
     out.distinct_steps = costs.len();
     out.time_s = job_time.iter().copied().fold(0.0, f64::max);
+    out.job_time_s = job_time;
     let fabric_capacity: f64 = (0..cluster.fabric.links())
         .filter(|&l| cluster.fabric.kind[l] == LinkKind::Fabric)
         .map(|l| cluster.fabric.capacity[l])

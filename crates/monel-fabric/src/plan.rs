@@ -7,9 +7,11 @@ use std::collections::HashMap;
 use std::fmt;
 
 use monel_ccl::plan::{Algorithm, Collective, schedule};
+use monel_ccl::schedule::Schedule;
 
 use crate::cluster::Cluster;
-use crate::lockstep::{Lockstep, SymJob, lockstep, symmetric};
+use crate::lockstep::{Lockstep, SymJob, Symmetry, lockstep, symmetric};
+use crate::packet::{PacketError, PacketParams, PacketReport, simulate_jobs};
 use crate::replay::{Job, ReplayError, replay};
 
 /// Which engine runs a collective.
@@ -21,6 +23,9 @@ pub enum Engine {
     Event,
     /// The lockstep engine (rank-symmetric algorithms; any size).
     Lockstep,
+    /// The packet engine (PFC, ECN, DCQCN, credits, adaptive routing; up to about a
+    /// thousand endpoints).
+    Packet,
 }
 
 /// Ranks above which the event engine refuses (it would take minutes).
@@ -59,6 +64,8 @@ pub struct Outcome {
     pub ranks: usize,
     /// Lockstep statistics (link utilization, ECMP collisions), when that engine ran.
     pub stats: Option<Lockstep>,
+    /// What the packet engine saw (pauses, marks, queues), when it ran.
+    pub packet: Option<PacketReport>,
 }
 
 /// Why a plan cannot be made.
@@ -129,22 +136,125 @@ pub fn channel_order(cluster: &Cluster, ranks: usize, c: usize, channels: usize)
         .collect()
 }
 
-/// Predicts `spec` on `cluster`; `overhead_s` per message.
-pub fn run_collective(
+/// A competing job: its own collective on GPUs `first_gpu..first_gpu + spec.ranks`, started
+/// together with the one predicted, sharing the fabric with it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Background {
+    /// Its collective (`ranks` must be set).
+    pub spec: CollectiveSpec,
+    /// Its first GPU.
+    pub first_gpu: usize,
+}
+
+/// What else shapes a prediction: the packet engine's settings and competing jobs.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Scenario {
+    /// Settings of the packet engine (`None`: [`PacketParams::for_fabric`]).
+    pub packet: Option<PacketParams>,
+    /// Competing jobs.
+    pub background: Vec<Background>,
+}
+
+/// Packets above which the packet engine refuses a collective (about a minute of work).
+pub const PACKET_ENGINE_MAX_PACKETS: u64 = 100_000_000;
+
+/// A collective cut into channels and placed: what every engine replays.
+struct Placed<'a> {
+    spec: &'a CollectiveSpec,
+    n: usize,
+    counts: Vec<usize>,
+    gpus: Vec<Vec<usize>>,
+    rails: Vec<Option<usize>>,
+}
+
+impl Placed<'_> {
+    fn sched(&self, count: usize, r: usize) -> Result<Schedule, PlanError> {
+        schedule(
+            self.spec.coll,
+            self.spec.algo,
+            self.n,
+            r,
+            count,
+            1 << 17,
+            false,
+        )
+        .map_err(|e| invalid("algorithm", e.to_string()))
+    }
+
+    fn symmetric(&self, made: &mut HashMap<usize, (Schedule, Symmetry)>) -> Result<(), PlanError> {
+        for &count in &self.counts {
+            if let std::collections::hash_map::Entry::Vacant(e) = made.entry(count) {
+                e.insert(symmetric(self.n, |r| {
+                    self.sched(count, r).expect("checked")
+                })?);
+            }
+        }
+        Ok(())
+    }
+
+    fn sym_jobs(&self, made: &HashMap<usize, (Schedule, Symmetry)>) -> Vec<SymJob> {
+        self.counts
+            .iter()
+            .enumerate()
+            .map(|(c, count)| {
+                let (s0, sym) = made[count].clone();
+                SymJob {
+                    gpus: self.gpus[c].clone(),
+                    schedule: s0,
+                    symmetry: sym,
+                    rail: self.rails[c],
+                    elem_bytes: self.spec.elem_bytes,
+                }
+            })
+            .collect()
+    }
+
+    fn jobs(&self) -> Result<Vec<Job>, PlanError> {
+        self.counts
+            .iter()
+            .enumerate()
+            .map(|(c, &count)| {
+                Ok(Job {
+                    gpus: self.gpus[c].clone(),
+                    schedules: (0..self.n)
+                        .map(|r| self.sched(count, r))
+                        .collect::<Result<Vec<_>, _>>()?,
+                    rail: self.rails[c],
+                    elem_bytes: self.spec.elem_bytes,
+                })
+            })
+            .collect()
+    }
+
+    /// Bytes all ranks send, from the schedules' own counts.
+    fn sent_bytes(&self) -> Result<u64, PlanError> {
+        let mut total = 0u64;
+        for &count in &self.counts {
+            for r in 0..self.n {
+                total += (self.sched(count, r)?.sent_elems() * self.spec.elem_bytes) as u64;
+            }
+        }
+        Ok(total)
+    }
+}
+
+fn place<'a>(
     cluster: &Cluster,
-    spec: &CollectiveSpec,
-    engine: Engine,
-    overhead_s: f64,
-) -> Result<Outcome, PlanError> {
+    spec: &'a CollectiveSpec,
+    first_gpu: usize,
+) -> Result<Placed<'a>, PlanError> {
     let n = if spec.ranks == 0 {
-        cluster.gpus()
+        cluster.gpus() - first_gpu.min(cluster.gpus())
     } else {
         spec.ranks
     };
-    if n == 0 || n > cluster.gpus() {
+    if n == 0 || first_gpu + n > cluster.gpus() {
         return Err(invalid(
             "ranks",
-            format!("{n}: want 1 to {} (the cluster's GPUs)", cluster.gpus()),
+            format!(
+                "{n} from GPU {first_gpu}: want 1 to {} (the cluster's GPUs)",
+                cluster.gpus().saturating_sub(first_gpu)
+            ),
         ));
     }
     if spec.elem_bytes == 0 {
@@ -168,86 +278,146 @@ pub fn run_collective(
             ),
         ));
     }
-    let slice = 1usize << 17;
-    let sched = |count: usize, r: usize| {
-        schedule(spec.coll, spec.algo, n, r, count, slice, false)
-            .map_err(|e| invalid("algorithm", e.to_string()))
-    };
-    // Checks the algorithm exists for the collective before anything else.
-    sched(per_rank / channels, 0)?;
     let counts: Vec<usize> = (0..channels)
         .map(|c| per_rank / channels + usize::from(c < per_rank % channels))
         .collect();
-    let rail = |c: usize| ring.then_some(c % cluster.server.nics);
-    let gpus = |c: usize| {
-        if ring {
-            channel_order(cluster, n, c, channels)
-        } else {
-            (0..n).collect()
-        }
+    let placed = Placed {
+        spec,
+        n,
+        gpus: (0..channels)
+            .map(|c| {
+                let order = if ring {
+                    channel_order(cluster, n, c, channels)
+                } else {
+                    (0..n).collect()
+                };
+                order.into_iter().map(|g| g + first_gpu).collect()
+            })
+            .collect(),
+        rails: (0..channels)
+            .map(|c| ring.then_some(c % cluster.server.nics))
+            .collect(),
+        counts,
     };
-    // Rank 0's schedule and its symmetry, per count (each computed once).
-    let mut made: HashMap<usize, (monel_ccl::schedule::Schedule, crate::Symmetry)> = HashMap::new();
-    let use_lockstep = match engine {
-        Engine::Lockstep => true,
-        Engine::Event => false,
-        Engine::Auto => match symmetric(n, |r| sched(counts[0], r).expect("checked")) {
-            Ok(x) => {
-                made.insert(counts[0], x);
-                true
-            }
-            Err(_) => false,
-        },
-    };
-    let mut stats = None;
-    let time_s = if use_lockstep {
-        let mut jobs = Vec::with_capacity(channels);
-        for (c, &count) in counts.iter().enumerate() {
-            let (s0, sym) = match made.get(&count) {
-                Some(x) => x.clone(),
-                None => {
-                    let x = symmetric(n, |r| sched(count, r).expect("checked"))?;
-                    made.insert(count, x.clone());
-                    x
-                }
-            };
-            jobs.push(SymJob {
-                gpus: gpus(c),
-                schedule: s0,
-                symmetry: sym,
-                rail: rail(c),
-                elem_bytes: spec.elem_bytes,
-            });
-        }
-        let l = lockstep(cluster, &jobs, overhead_s)?;
-        let t = l.time_s;
-        stats = Some(l);
-        t
-    } else {
-        if n > EVENT_ENGINE_MAX_RANKS {
+    // Checks the algorithm exists for the collective before anything else.
+    placed.sched(placed.counts[0], 0)?;
+    Ok(placed)
+}
+
+/// Predicts `spec` on `cluster`; `overhead_s` per message.
+pub fn run_collective(
+    cluster: &Cluster,
+    spec: &CollectiveSpec,
+    engine: Engine,
+    overhead_s: f64,
+) -> Result<Outcome, PlanError> {
+    run_scenario(cluster, spec, engine, overhead_s, &Scenario::default())
+}
+
+/// Predicts `spec` on `cluster` in `scenario` (packet settings, competing jobs); the time is
+/// the planned collective's alone.
+pub fn run_scenario(
+    cluster: &Cluster,
+    spec: &CollectiveSpec,
+    engine: Engine,
+    overhead_s: f64,
+    scenario: &Scenario,
+) -> Result<Outcome, PlanError> {
+    let main = place(cluster, spec, 0)?;
+    let n = main.n;
+    let mut all = vec![main];
+    for b in &scenario.background {
+        if b.first_gpu < n {
             return Err(invalid(
-                "engine",
+                "background",
                 format!(
-                    "the event engine takes at most {EVENT_ENGINE_MAX_RANKS} ranks, not {n}; \
-                     {} is not rank-symmetric, so the lockstep engine cannot run it: pick ring",
-                    spec.algo.name()
+                    "starts at GPU {}, inside the planned job's GPUs 0..{n}",
+                    b.first_gpu
                 ),
             ));
         }
-        let mut jobs = Vec::with_capacity(channels);
-        for (c, &count) in counts.iter().enumerate() {
-            let schedules = (0..n)
-                .map(|r| sched(count, r))
-                .collect::<Result<Vec<_>, _>>()?;
-            jobs.push(Job {
-                gpus: gpus(c),
-                schedules,
-                rail: rail(c),
-                elem_bytes: spec.elem_bytes,
-            });
+        all.push(place(cluster, &b.spec, b.first_gpu)?);
+    }
+    let main_jobs = all[0].counts.len();
+    // Rank 0's schedule and its symmetry, per placed collective and count.
+    let mut made: Vec<HashMap<usize, (Schedule, Symmetry)>> = vec![HashMap::new(); all.len()];
+    let engine = match engine {
+        Engine::Auto => {
+            let ok = all
+                .iter()
+                .zip(&mut made)
+                .all(|(p, m)| p.symmetric(m).is_ok());
+            if ok { Engine::Lockstep } else { Engine::Event }
         }
-        replay(cluster, &jobs, overhead_s)?.time_s
+        e => e,
     };
+    let ranks: usize = all.iter().map(|p| p.n).sum();
+    let mut stats = None;
+    let mut packet = None;
+    let job_times: Vec<f64> = match engine {
+        Engine::Lockstep | Engine::Auto => {
+            let mut jobs = Vec::new();
+            for (p, m) in all.iter().zip(&mut made) {
+                p.symmetric(m)?;
+                jobs.extend(p.sym_jobs(m));
+            }
+            let l = lockstep(cluster, &jobs, overhead_s)?;
+            let t = l.job_time_s.clone();
+            stats = Some(l);
+            t
+        }
+        Engine::Event => {
+            if ranks > EVENT_ENGINE_MAX_RANKS {
+                return Err(invalid(
+                    "engine",
+                    format!(
+                        "the event engine takes at most {EVENT_ENGINE_MAX_RANKS} ranks, not \
+                         {ranks}; {} is not rank-symmetric, so the lockstep engine cannot run \
+                         it: pick ring",
+                        spec.algo.name()
+                    ),
+                ));
+            }
+            let mut jobs = Vec::new();
+            for p in &all {
+                jobs.extend(p.jobs()?);
+            }
+            replay(cluster, &jobs, overhead_s)?.job_time_s
+        }
+        Engine::Packet => {
+            let params = scenario
+                .packet
+                .clone()
+                .unwrap_or_else(|| PacketParams::for_fabric(&cluster.fabric));
+            let mut bytes = 0;
+            for p in &all {
+                bytes += p.sent_bytes()?;
+            }
+            let packets = bytes / u64::from(params.mtu.max(1));
+            if packets > PACKET_ENGINE_MAX_PACKETS {
+                return Err(invalid(
+                    "engine",
+                    format!(
+                        "the packet engine would simulate about {packets} packets (at most \
+                         {PACKET_ENGINE_MAX_PACKETS}, about a minute): use a smaller size or \
+                         fewer GPUs, or the flow-level engines (auto)"
+                    ),
+                ));
+            }
+            let mut jobs = Vec::new();
+            for p in &all {
+                jobs.extend(p.jobs()?);
+            }
+            let r = simulate_jobs(cluster, &jobs, &params, overhead_s).map_err(|e| match e {
+                PacketError::Invalid { field, why } => invalid(field, why),
+                PacketError::Replay(r) => PlanError::Replay(r),
+            })?;
+            let t = r.job_time_s.clone();
+            packet = Some(r);
+            t
+        }
+    };
+    let time_s = job_times[..main_jobs].iter().copied().fold(0.0, f64::max);
     let algbw = if time_s > 0.0 {
         spec.bytes as f64 / time_s
     } else {
@@ -257,13 +427,10 @@ pub fn run_collective(
         time_s,
         algbw,
         busbw: algbw * busbw_factor(spec.coll, n),
-        engine: if use_lockstep {
-            Engine::Lockstep
-        } else {
-            Engine::Event
-        },
+        engine,
         ranks: n,
         stats,
+        packet,
     })
 }
 
@@ -299,13 +466,15 @@ pub struct StepReport {
     pub buckets: usize,
 }
 
-/// Predicts a training step whose buckets are all-reduced with `spec` (its size is ignored).
+/// Predicts a training step whose buckets are all-reduced with `spec` (its size is ignored)
+/// in `scenario`.
 pub fn training_step(
     cluster: &Cluster,
     t: &Training,
     spec: &CollectiveSpec,
     engine: Engine,
     overhead_s: f64,
+    scenario: &Scenario,
 ) -> Result<StepReport, PlanError> {
     for (field, v) in [
         ("forward", t.forward_s),
@@ -337,7 +506,7 @@ pub fn training_step(
                     bytes: b,
                     ..spec.clone()
                 };
-                let x = run_collective(cluster, &s, engine, overhead_s)?.time_s;
+                let x = run_scenario(cluster, &s, engine, overhead_s, scenario)?.time_s;
                 memo.insert(b, x);
                 x
             }

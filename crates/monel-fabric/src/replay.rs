@@ -27,6 +27,8 @@ pub struct Replay {
     /// Flow-seconds spent crossing leaf-spine links at less than the host link speed,
     /// because another flow shared the link (ECMP collisions and oversubscription).
     pub fabric_contention_s: f64,
+    /// Each job's completion time, seconds.
+    pub job_time_s: Vec<f64>,
 }
 
 /// A replay that cannot run.
@@ -83,114 +85,51 @@ pub fn sport(j: usize, a: usize, b: usize) -> u16 {
 
 /// Replays `jobs` together; `overhead_s` per message (software and NIC).
 pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay, ReplayError> {
-    let mut base = Vec::with_capacity(jobs.len());
-    let mut n = 0usize;
-    for (j, job) in jobs.iter().enumerate() {
-        if job.gpus.len() != job.schedules.len() {
-            return Err(ReplayError::Placement(format!(
-                "job {j}: {} ranks placed, {} schedules",
-                job.gpus.len(),
-                job.schedules.len()
-            )));
-        }
-        if let Some(&g) = job.gpus.iter().find(|&&g| g >= cluster.gpus()) {
-            return Err(ReplayError::Placement(format!(
-                "job {j}: GPU {g} does not exist (the cluster has {})",
-                cluster.gpus()
-            )));
-        }
-        base.push(n);
-        n += job.gpus.len();
-    }
-    let actor = |a: usize| {
-        let j = base.partition_point(|&b| b <= a) - 1;
-        (j, a - base[j])
-    };
+    let mut progress = Progress::new(cluster, jobs)?;
     let mut out = Replay {
         time_s: 0.0,
         messages: 0,
         bytes: 0,
         fabric_contention_s: 0.0,
+        job_time_s: vec![0.0; jobs.len()],
     };
     let mut t = 0.0f64;
-    let mut pc = vec![0usize; n];
-    let mut need: Vec<HashMap<usize, usize>> = vec![HashMap::new(); n];
-    let mut arrived: HashMap<(usize, usize), usize> = HashMap::new();
     let mut flows: Vec<Active> = Vec::new();
     // Deliveries by time (ties in insertion order, for determinism).
     let mut deliveries: BTreeMap<(u64, u64), (usize, usize)> = BTreeMap::new();
     let mut seq = 0u64;
-    let mut done = 0usize;
-    let mut finished = vec![false; n];
-    let mut ready: Vec<usize> = (0..n).collect();
+    let mut posted = Vec::new();
     // Rates change only when flows start or end.
     let mut rates: Vec<f64> = Vec::new();
     let mut dirty = true;
 
     loop {
-        // Start steps of ranks that are ready, as long as they can complete at once.
-        while let Some(r) = ready.pop() {
-            loop {
-                let (j, rr) = actor(r);
-                let job = &jobs[j];
-                let Some(step) = job.schedules[rr].steps.get(pc[r]) else {
-                    if !finished[r] {
-                        finished[r] = true;
-                        done += 1;
-                    }
-                    break;
-                };
-                if need[r].is_empty() {
-                    for op in &step.ops {
-                        match *op {
-                            Op::Send { peer, src } => {
-                                let bytes = (src.len * job.elem_bytes) as u64;
-                                out.messages += 1;
-                                let mut path = Vec::new();
-                                let (ga, gb) = (job.gpus[rr], job.gpus[peer]);
-                                cluster.route(ga, gb, job.rail, sport(j, rr, peer), &mut path);
-                                let to = base[j] + peer;
-                                if path.is_empty() || bytes == 0 {
-                                    let at = t + cluster.latency(&path) + overhead_s;
-                                    deliveries.insert((at.to_bits(), seq), (r, to));
-                                    seq += 1;
-                                } else {
-                                    out.bytes += bytes;
-                                    dirty = true;
-                                    flows.push(Active {
-                                        src: r,
-                                        dst: to,
-                                        path,
-                                        bits: bytes as f64 * 8.0,
-                                    });
-                                }
-                            }
-                            Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => {
-                                *need[r].entry(base[j] + peer).or_default() += 1;
-                            }
-                            _ => {}
-                        }
-                    }
-                }
-                // Take what already arrived.
-                need[r].retain(|&peer, k| {
-                    let a = arrived.entry((peer, r)).or_default();
-                    let take = (*a).min(*k);
-                    *a -= take;
-                    *k -= take;
-                    *k > 0
+        progress.run(&mut posted);
+        for j in progress.jobs_done.drain(..) {
+            out.job_time_s[j] = t;
+        }
+        for m in posted.drain(..) {
+            out.messages += 1;
+            let mut path = Vec::new();
+            cluster.route(m.from, m.to, m.rail, m.sport, &mut path);
+            if path.is_empty() || m.bytes == 0 {
+                let at = t + cluster.latency(&path) + overhead_s;
+                deliveries.insert((at.to_bits(), seq), (m.src, m.dst));
+                seq += 1;
+            } else {
+                out.bytes += m.bytes;
+                dirty = true;
+                flows.push(Active {
+                    src: m.src,
+                    dst: m.dst,
+                    path,
+                    bits: m.bytes as f64 * 8.0,
                 });
-                if !need[r].is_empty() {
-                    break;
-                }
-                pc[r] += 1;
             }
         }
-        if done == n && flows.is_empty() && deliveries.is_empty() {
-            if let Some((&(src, dst), _)) = arrived.iter().find(|&(_, &k)| k > 0) {
-                return Err(ReplayError::Deadlock(format!(
-                    "rank {src} sent rank {dst} a message it never receives"
-                )));
+        if flows.is_empty() && deliveries.is_empty() {
+            if let Some(e) = progress.leftover() {
+                return Err(e);
             }
             out.time_s = t;
             return Ok(out);
@@ -210,15 +149,9 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
             .next()
             .map(|&(bits, _)| f64::from_bits(bits));
         if dt.is_infinite() && next_delivery.is_none() {
-            let stuck: Vec<String> = (0..n)
-                .filter(|&r| {
-                    let (j, rr) = actor(r);
-                    pc[r] < jobs[j].schedules[rr].steps.len()
-                })
-                .take(4)
-                .map(|r| format!("rank {r} at step {} waits for {:?}", pc[r], need[r]))
-                .collect();
-            return Err(ReplayError::Deadlock(stuck.join("; ")));
+            return Err(progress
+                .leftover()
+                .unwrap_or_else(|| ReplayError::Deadlock("flows without bandwidth".into())));
         }
         let flow_end = t + dt;
         if next_delivery.is_some_and(|d| d <= flow_end) {
@@ -227,8 +160,7 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
             let at = f64::from_bits(key.0);
             advance(&mut flows, &rates, at - t, cluster, &mut out);
             t = at;
-            *arrived.entry((src, dst)).or_default() += 1;
-            ready.push(dst);
+            progress.deliver(src, dst);
         } else {
             advance(&mut flows, &rates, dt, cluster, &mut out);
             t = flow_end;
@@ -247,6 +179,172 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
                 }
             }
         }
+    }
+}
+
+/// A message a rank posts: from actor `src` to actor `dst` (actors number the ranks of all
+/// jobs together), `bytes` long, between GPUs `from` and `to`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Message {
+    pub job: usize,
+    pub src: usize,
+    pub dst: usize,
+    pub from: usize,
+    pub to: usize,
+    pub bytes: u64,
+    pub sport: u16,
+    pub rail: Option<usize>,
+}
+
+/// Ranks stepping through their schedules, shared by every engine: a rank starts a step when
+/// the previous one finished, posts the step's sends, and finishes the step when all of its
+/// receives were delivered. Engines carry the messages and call [`Progress::deliver`].
+pub(crate) struct Progress<'a> {
+    jobs: &'a [Job],
+    base: Vec<usize>,
+    pc: Vec<usize>,
+    need: Vec<HashMap<usize, usize>>,
+    arrived: HashMap<(usize, usize), usize>,
+    finished: Vec<bool>,
+    done: usize,
+    ready: Vec<usize>,
+    ranks_left: Vec<usize>,
+    /// Jobs whose ranks all finished since the engine last looked.
+    pub jobs_done: Vec<usize>,
+}
+
+impl<'a> Progress<'a> {
+    /// Checks the placement of `jobs` on `cluster`.
+    pub(crate) fn new(cluster: &Cluster, jobs: &'a [Job]) -> Result<Self, ReplayError> {
+        let mut base = Vec::with_capacity(jobs.len());
+        let mut n = 0usize;
+        for (j, job) in jobs.iter().enumerate() {
+            if job.gpus.len() != job.schedules.len() {
+                return Err(ReplayError::Placement(format!(
+                    "job {j}: {} ranks placed, {} schedules",
+                    job.gpus.len(),
+                    job.schedules.len()
+                )));
+            }
+            if let Some(&g) = job.gpus.iter().find(|&&g| g >= cluster.gpus()) {
+                return Err(ReplayError::Placement(format!(
+                    "job {j}: GPU {g} does not exist (the cluster has {})",
+                    cluster.gpus()
+                )));
+            }
+            base.push(n);
+            n += job.gpus.len();
+        }
+        Ok(Self {
+            jobs,
+            base,
+            pc: vec![0; n],
+            need: vec![HashMap::new(); n],
+            arrived: HashMap::new(),
+            finished: vec![false; n],
+            done: 0,
+            ready: (0..n).collect(),
+            ranks_left: jobs.iter().map(|j| j.gpus.len()).collect(),
+            jobs_done: jobs
+                .iter()
+                .enumerate()
+                .filter(|(_, j)| j.gpus.is_empty())
+                .map(|(i, _)| i)
+                .collect(),
+        })
+    }
+
+    fn actor(&self, a: usize) -> (usize, usize) {
+        let j = self.base.partition_point(|&b| b <= a) - 1;
+        (j, a - self.base[j])
+    }
+
+    /// Runs every ready rank as far as it can go; appends the messages posted.
+    pub(crate) fn run(&mut self, out: &mut Vec<Message>) {
+        while let Some(r) = self.ready.pop() {
+            loop {
+                let (j, rr) = self.actor(r);
+                let job = &self.jobs[j];
+                let Some(step) = job.schedules[rr].steps.get(self.pc[r]) else {
+                    if !self.finished[r] {
+                        self.finished[r] = true;
+                        self.done += 1;
+                        self.ranks_left[j] -= 1;
+                        if self.ranks_left[j] == 0 {
+                            self.jobs_done.push(j);
+                        }
+                    }
+                    break;
+                };
+                if self.need[r].is_empty() {
+                    for op in &step.ops {
+                        match *op {
+                            Op::Send { peer, src } => out.push(Message {
+                                job: j,
+                                src: r,
+                                dst: self.base[j] + peer,
+                                from: job.gpus[rr],
+                                to: job.gpus[peer],
+                                bytes: (src.len * job.elem_bytes) as u64,
+                                sport: sport(j, rr, peer),
+                                rail: job.rail,
+                            }),
+                            Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => {
+                                *self.need[r].entry(self.base[j] + peer).or_default() += 1;
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                // Take what already arrived.
+                let arrived = &mut self.arrived;
+                self.need[r].retain(|&peer, k| {
+                    let a = arrived.entry((peer, r)).or_default();
+                    let take = (*a).min(*k);
+                    *a -= take;
+                    *k -= take;
+                    *k > 0
+                });
+                if !self.need[r].is_empty() {
+                    break;
+                }
+                self.pc[r] += 1;
+            }
+        }
+    }
+
+    /// A message from `src` reached `dst`.
+    pub(crate) fn deliver(&mut self, src: usize, dst: usize) {
+        *self.arrived.entry((src, dst)).or_default() += 1;
+        self.ready.push(dst);
+    }
+
+    /// Every rank finished.
+    pub(crate) fn finished(&self) -> bool {
+        self.done == self.pc.len()
+    }
+
+    /// Why the replay cannot end: a message nobody receives, or ranks waiting forever.
+    pub(crate) fn leftover(&self) -> Option<ReplayError> {
+        if let Some((&(src, dst), _)) = self.arrived.iter().find(|&(_, &k)| k > 0) {
+            return Some(ReplayError::Deadlock(format!(
+                "rank {src} sent rank {dst} a message it never receives"
+            )));
+        }
+        if self.finished() {
+            return None;
+        }
+        let stuck: Vec<String> = (0..self.pc.len())
+            .filter(|&r| !self.finished[r])
+            .take(4)
+            .map(|r| {
+                format!(
+                    "rank {r} at step {} waits for {:?}",
+                    self.pc[r], self.need[r]
+                )
+            })
+            .collect();
+        Some(ReplayError::Deadlock(stuck.join("; ")))
     }
 }
 

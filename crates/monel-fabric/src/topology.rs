@@ -487,7 +487,19 @@ impl Fabric {
 
     /// [`Fabric::path`] into a reused buffer (appended).
     pub fn path_into(&self, src: usize, dst: usize, sport: u16, path: &mut Vec<LinkId>) {
-        let mut node = src;
+        self.route_from(src, src, dst, sport, path);
+    }
+
+    /// The rest of the path from `src` to `dst` once it is at `node` (appended).
+    pub(crate) fn route_from(
+        &self,
+        node: usize,
+        src: usize,
+        dst: usize,
+        sport: u16,
+        path: &mut Vec<LinkId>,
+    ) {
+        let mut node = node;
         let mut spread = dst;
         while !self.cover[node].contains(&dst) {
             let ups = &self.up[node];
@@ -518,6 +530,37 @@ impl Fabric {
             path.push(l);
             node = self.head[l];
         }
+    }
+
+    /// The node link `l` leads to (`usize::MAX` for links inside hosts).
+    pub(crate) fn head(&self, l: LinkId) -> usize {
+        self.head[l]
+    }
+
+    /// The node each link leaves from (`usize::MAX` for links inside hosts).
+    pub(crate) fn tails(&self) -> Vec<usize> {
+        let mut tail = vec![usize::MAX; self.links()];
+        for (node, ups) in self.up.iter().enumerate() {
+            for &l in ups {
+                tail[l] = node;
+            }
+        }
+        for (node, downs) in self.down.iter().enumerate() {
+            for &(_, l) in downs {
+                tail[l] = node;
+            }
+        }
+        tail
+    }
+
+    /// The uplinks of `node`.
+    pub(crate) fn up_links(&self, node: usize) -> &[LinkId] {
+        &self.up[node]
+    }
+
+    /// Nodes: endpoints, then switches.
+    pub(crate) fn nodes(&self) -> usize {
+        self.up.len()
     }
 
     /// Total latency of a path.

@@ -175,7 +175,15 @@ fn training_overlaps_buckets_with_backward() {
         gradient_bytes: 100 << 20,
         bucket_bytes: 25 << 20,
     };
-    let r = training_step(&c, &t, &allreduce(0, 1), Engine::Auto, 1e-6).unwrap();
+    let r = training_step(
+        &c,
+        &t,
+        &allreduce(0, 1),
+        Engine::Auto,
+        1e-6,
+        &Scenario::default(),
+    )
+    .unwrap();
     assert_eq!(r.buckets, 4);
     // Each 25 MiB all-reduce takes ~3.7 ms at 100 Gb/s; three hide behind backward, the last
     // one is exposed.
@@ -194,6 +202,7 @@ fn training_overlaps_buckets_with_backward() {
         &allreduce(0, 1),
         Engine::Auto,
         0.0,
+        &Scenario::default(),
     )
     .unwrap_err();
     assert!(e.to_string().starts_with("gradients"), "{e}");

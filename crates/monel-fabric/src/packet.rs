@@ -1,0 +1,1168 @@
+//! The packet engine: a discrete-event simulation of every packet, for fabrics up to about a
+//! thousand endpoints, where the fluid engines cannot see queues, pauses and rate control.
+//!
+//! * **Links** are output-queued FIFOs with a transmitter: a packet waits in the queue of the
+//!   link it leaves on, takes `wire bytes / speed` to serialize and the link's latency to
+//!   arrive. Time is integer picoseconds.
+//! * **Senders** are NIC queue pairs (one per rank pair, as Monel and NCCL connect them) that
+//!   cut their messages into MTU packets; the NIC serves its active QPs round-robin whenever
+//!   its port is free, not paused, and the QP's rate limiter allows.
+//! * **Switches** share one buffer among their ports. RoCE marks ECN at dequeue with
+//!   probability `p(q)` (0 below Kmin, rising to Pmax at Kmax, 1 above) and runs PFC per
+//!   ingress port with a dynamic threshold (pause when the port's bytes exceed
+//!   `alpha * free buffer`, resume when they fall a resume offset below it); a pause takes
+//!   the link's latency to reach the sender, which finishes its packet and stops, so queues
+//!   grow upstream and pauses propagate. InfiniBand uses credits: a link sends only while the
+//!   receiver has buffer for the packet, and the credit returns one latency after the packet
+//!   leaves. Links inside hosts (PCIe, NVLink) always use credits. A packet that finds the
+//!   buffer full (lossy RoCE, or PFC without enough headroom) is dropped and its bytes resent
+//!   after a timeout (selective repeat).
+//! * **DCQCN** is the RC engine's own controller ([`monel_rc::congestion::Dcqcn`], the same
+//!   code the soft RNIC runs): the receiver sends a CNP for a CE-marked packet at most once per
+//!   `cnp_interval` per QP, the CNP reaches the sender one path latency later (CNPs ride a
+//!   high-priority queue, so they are not queued), and the sender paces by its rate.
+//! * **Adaptive routing** (InfiniBand AR, Spectrum-X): at every upward hop with a choice, the
+//!   packet takes the uplink with the fewest queued bytes; the receiver reassembles out of
+//!   order.
+//!
+//! Not modelled: ACK traffic (lossless fabrics need no retransmission, and ACKs are small),
+//! go-back-N's waste after a drop, priorities other than the CNP's.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+
+use monel_rc::Instant;
+use monel_rc::congestion::{Controller, Dcqcn, DcqcnParams};
+
+use crate::cluster::Cluster;
+use crate::radix::RadixHeap;
+use crate::replay::{Job, Message, Progress, ReplayError};
+use crate::topology::{LinkId, LinkKind};
+
+/// How links keep from overflowing buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlowControl {
+    /// RoCE's priority flow control: pause frames per ingress port.
+    Pfc,
+    /// InfiniBand's credits per link.
+    Credits,
+    /// None: a packet that finds the buffer full is dropped.
+    Lossy,
+}
+
+/// ECN marking at switch egress queues (RED-like, as DCQCN's congestion point).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ecn {
+    /// Queue below which nothing is marked, bytes.
+    pub kmin_bytes: u64,
+    /// Queue above which everything is marked, bytes.
+    pub kmax_bytes: u64,
+    /// Marking probability at Kmax.
+    pub pmax: f64,
+}
+
+impl Ecn {
+    /// Production settings for a link speed: HPCC's 100 KB and 400 KB per 25 Gb/s (Alibaba's
+    /// production values, proportional to the speed), capped at SimAI's 400 Gb/s values
+    /// (800 KB, 3200 KB); Pmax 0.2.
+    pub fn for_link(bps: f64) -> Self {
+        let kmin = (100_000.0 * bps / 25e9).min(800_000.0) as u64;
+        Self {
+            kmin_bytes: kmin,
+            kmax_bytes: 4 * kmin,
+            pmax: 0.2,
+        }
+    }
+
+    fn probability(&self, queued: u64) -> f64 {
+        if queued <= self.kmin_bytes {
+            0.0
+        } else if queued > self.kmax_bytes {
+            1.0
+        } else {
+            self.pmax * (queued - self.kmin_bytes) as f64
+                / (self.kmax_bytes - self.kmin_bytes).max(1) as f64
+        }
+    }
+}
+
+/// The packet engine's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PacketParams {
+    /// Payload bytes per packet (the path MTU).
+    pub mtu: u32,
+    /// Bytes each packet adds on the wire (headers, CRCs, preamble and gap).
+    pub header_bytes: u32,
+    /// Flow control on switch links.
+    pub flow_control: FlowControl,
+    /// Shared buffer of each switch, bytes.
+    pub switch_buffer_bytes: u64,
+    /// Receive buffer of each NIC, bytes.
+    pub nic_buffer_bytes: u64,
+    /// PFC's dynamic threshold: pause an ingress port holding more than `alpha` times the
+    /// free buffer.
+    pub pfc_alpha: f64,
+    /// PFC resumes when the port's bytes fall this far below the threshold (or to zero).
+    pub pfc_resume_bytes: u64,
+    /// Credits (receive buffer) per link, bytes; `None`: enough for line rate (two round
+    /// trips of data, at least four packets).
+    pub credit_bytes: Option<u64>,
+    /// ECN marking at switches (RoCE).
+    pub ecn: Option<Ecn>,
+    /// DCQCN at the senders, with these parameters (their line rate is each sender's NIC
+    /// speed, given by the caller).
+    pub dcqcn: Option<DcqcnParams>,
+    /// Adaptive routing on upward hops.
+    pub adaptive_routing: bool,
+    /// Resend timeout after a drop, seconds.
+    pub rto_s: f64,
+    /// Seed of ECN marking's random draws.
+    pub seed: u64,
+    /// Record every QP's rate and goodput this often, seconds.
+    pub sample_s: Option<f64>,
+}
+
+impl PacketParams {
+    /// RoCEv2 at `edge_bps`: 4096 B MTU, 78 B per packet on the wire (Ethernet, IPv4, UDP,
+    /// BTH, ICRC, FCS, preamble and gap), PFC, 32 MiB switch buffers, ECN per
+    /// [`Ecn::for_link`], DCQCN with NVIDIA-NIC defaults scaled to the speed.
+    pub fn roce(edge_bps: f64) -> Self {
+        Self {
+            mtu: 4096,
+            header_bytes: 78,
+            flow_control: FlowControl::Pfc,
+            switch_buffer_bytes: 32 << 20,
+            nic_buffer_bytes: 4 << 20,
+            pfc_alpha: 1.0 / 8.0,
+            pfc_resume_bytes: 2 * (4096 + 78),
+            credit_bytes: None,
+            ecn: Some(Ecn::for_link(edge_bps)),
+            dcqcn: Some(DcqcnParams::for_line_rate(edge_bps)),
+            adaptive_routing: false,
+            rto_s: 100e-6,
+            seed: 1,
+            sample_s: None,
+        }
+    }
+
+    /// InfiniBand: 4096 B MTU, 26 B per packet (LRH, BTH, ICRC, VCRC), credits, no ECN or
+    /// DCQCN, static routing.
+    pub fn infiniband() -> Self {
+        Self {
+            header_bytes: 26,
+            flow_control: FlowControl::Credits,
+            ecn: None,
+            dcqcn: None,
+            ..Self::roce(400e9)
+        }
+    }
+
+    /// The defaults for a fabric: InfiniBand where it routes D-mod-k, else RoCE at its
+    /// endpoint speed.
+    pub fn for_fabric(f: &crate::topology::Fabric) -> Self {
+        if f.routing == crate::topology::Routing::DestMod {
+            Self::infiniband()
+        } else {
+            Self::roce(f.edge_bps)
+        }
+    }
+
+    fn check(&self) -> Result<(), PacketError> {
+        let bad = |field: &'static str, why: String| Err(PacketError::Invalid { field, why });
+        if self.mtu < 256 || self.mtu > 1 << 20 {
+            return bad("mtu", format!("{} B: want 256 B to 1 MiB", self.mtu));
+        }
+        let need = u64::from(self.mtu + self.header_bytes);
+        for (field, v) in [
+            ("switch_buffer", self.switch_buffer_bytes),
+            ("nic_buffer", self.nic_buffer_bytes),
+        ] {
+            if v < 4 * need {
+                return bad(
+                    field,
+                    format!("{v} B: want at least four packets ({need} B each)"),
+                );
+            }
+        }
+        if let Some(c) = self.credit_bytes
+            && c < need
+        {
+            return bad(
+                "credits",
+                format!("{c} B: want at least one packet ({need} B)"),
+            );
+        }
+        if !(self.pfc_alpha > 0.0 && self.pfc_alpha.is_finite()) {
+            return bad(
+                "pfc_alpha",
+                format!("{}: want a positive number", self.pfc_alpha),
+            );
+        }
+        if let Some(e) = self.ecn
+            && (e.kmin_bytes > e.kmax_bytes || !(0.0..=1.0).contains(&e.pmax))
+        {
+            return bad(
+                "ecn",
+                format!(
+                    "Kmin {} B, Kmax {} B, Pmax {}: want Kmin <= Kmax and Pmax in 0..1",
+                    e.kmin_bytes, e.kmax_bytes, e.pmax
+                ),
+            );
+        }
+        if !(self.rto_s > 0.0 && self.rto_s.is_finite()) {
+            return bad("rto", format!("{} s: want a positive time", self.rto_s));
+        }
+        if let Some(s) = self.sample_s
+            && !(s > 0.0 && s.is_finite())
+        {
+            return bad("sample", format!("{s} s: want a positive time"));
+        }
+        Ok(())
+    }
+}
+
+/// A transfer between two GPUs, for [`simulate_flows`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Flow {
+    /// Sending GPU.
+    pub from: usize,
+    /// Receiving GPU.
+    pub to: usize,
+    /// Bytes.
+    pub bytes: u64,
+    /// When it starts, seconds.
+    pub start_s: f64,
+    /// Its QP's UDP source port (ECMP hashes it).
+    pub sport: u16,
+    /// NIC rail between servers (`None`: the receiver's own NIC).
+    pub rail: Option<usize>,
+}
+
+/// Why a packet simulation cannot run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PacketError {
+    /// A bad setting or flow; names the field.
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// Why.
+        why: String,
+    },
+    /// The schedules cannot run.
+    Replay(ReplayError),
+}
+
+impl fmt::Display for PacketError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Invalid { field, why } => write!(f, "packet.{field}: {why}"),
+            Self::Replay(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for PacketError {}
+
+impl From<ReplayError> for PacketError {
+    fn from(e: ReplayError) -> Self {
+        Self::Replay(e)
+    }
+}
+
+/// Every QP's state at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// When, seconds.
+    pub t_s: f64,
+    /// Each QP's DCQCN rate (its line rate without DCQCN), bits per second.
+    pub rate_bps: Vec<f64>,
+    /// Each QP's goodput since the previous sample, bits per second.
+    pub goodput_bps: Vec<f64>,
+}
+
+/// What a packet simulation saw.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PacketReport {
+    /// When the last message was delivered, seconds.
+    pub time_s: f64,
+    /// Events processed (stale timers and superseded pause frames not counted).
+    pub events: u64,
+    /// Packets sent (retransmissions included).
+    pub packets: u64,
+    /// Messages delivered.
+    pub messages: usize,
+    /// Payload bytes delivered across links.
+    pub bytes: u64,
+    /// Each job's completion time, seconds (for [`simulate_jobs`]).
+    pub job_time_s: Vec<f64>,
+    /// Each explicit flow's completion time, seconds (for [`simulate_flows`]).
+    pub flow_done_s: Vec<f64>,
+    /// PFC pause frames sent.
+    pub pauses: u64,
+    /// Seconds each link spent paused, by link.
+    pub paused_s: Vec<f64>,
+    /// Packets marked CE.
+    pub ecn_marks: u64,
+    /// CNPs sent.
+    pub cnps: u64,
+    /// Packets dropped at full buffers.
+    pub drops: u64,
+    /// Largest egress queue, bytes.
+    pub max_queue_bytes: u64,
+    /// Largest buffer use of one switch, bytes.
+    pub max_buffer_bytes: u64,
+    /// Bytes each link carried on the wire, by link.
+    pub link_bytes: Vec<u64>,
+    /// QPs (rank pairs or flows) that sent across links.
+    pub qps: usize,
+    /// Periodic samples, when asked for.
+    pub samples: Vec<Sample>,
+}
+
+impl PacketReport {
+    /// Links that were paused at some point.
+    pub fn paused_links(&self) -> usize {
+        self.paused_s.iter().filter(|&&s| s > 0.0).count()
+    }
+}
+
+const NONE: u32 = u32::MAX;
+const NEVER: u64 = u64::MAX;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    TxDone(u32),
+    Arrive(u32),
+    /// A pause (odd generation) or resume (even) frame; the newest generation wins.
+    Pfc(u32, u32),
+    Credit(u32, u32),
+    Wake(u32),
+    Cnp(u32),
+    CcTimer(u32),
+    Deliver(u32),
+    Resend(u32, u32, u32),
+    Start(u32),
+    Sample,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Pkt {
+    qp: u32,
+    msg: u32,
+    payload: u32,
+    wire: u32,
+    path: u32,
+    hop: u16,
+    ecn: bool,
+    /// The link it arrived on at the node where it now waits.
+    ingress: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Link {
+    ps_per_byte: f64,
+    latency_ps: u64,
+    fc: FlowControl,
+    /// Node at its head (`usize::MAX` inside hosts), and whether its tail is a switch.
+    head: usize,
+    from_switch: bool,
+    busy: bool,
+    queue: VecDeque<u32>,
+    queued: u64,
+    paused: bool,
+    paused_since: u64,
+    paused_ps: u64,
+    pause_sent: bool,
+    pfc_sent: u32,
+    pfc_applied: u32,
+    ingress_bytes: u64,
+    credits: i64,
+    wake_at: u64,
+    active: Vec<u32>,
+    rr: usize,
+    tx_bytes: u64,
+}
+
+struct Qp {
+    path: u32,
+    src_ep: usize,
+    dst_ep: usize,
+    sport: u16,
+    cc: Option<Dcqcn>,
+    pending: VecDeque<(u32, u64)>,
+    active: bool,
+    last_cnp: u64,
+    timer_at: u64,
+    reverse_ps: u64,
+    delivered: u64,
+    sampled: u64,
+}
+
+struct Msg {
+    qp: u32,
+    remaining: u64,
+    src: usize,
+    dst: usize,
+}
+
+enum Driver<'a> {
+    Flows { left: usize, done: Vec<f64> },
+    Jobs(Box<Progress<'a>>),
+}
+
+struct Sim<'a> {
+    cluster: &'a Cluster,
+    p: &'a PacketParams,
+    now: u64,
+    heap: RadixHeap<Kind>,
+    links: Vec<Link>,
+    used: Vec<u64>,
+    buffer: Vec<u64>,
+    paths: Vec<Vec<u32>>,
+    interned: HashMap<Vec<u32>, u32>,
+    qps: Vec<Qp>,
+    /// When each QP's rate next lets it send, picoseconds.
+    due: Vec<u64>,
+    tails: Vec<usize>,
+    qp_of: HashMap<(usize, usize, usize), u32>,
+    msgs: Vec<Msg>,
+    pkts: Vec<Pkt>,
+    free: Vec<u32>,
+    rng: u64,
+    overhead_ps: u64,
+    driver: Driver<'a>,
+    later: Vec<Message>,
+    open: usize,
+    out: PacketReport,
+    scratch: Vec<LinkId>,
+}
+
+fn ps(s: f64) -> u64 {
+    (s * 1e12).round() as u64
+}
+
+impl<'a> Sim<'a> {
+    fn new(cluster: &'a Cluster, p: &'a PacketParams, driver: Driver<'a>, overhead_s: f64) -> Self {
+        let f = &cluster.fabric;
+        let tails = f.tails();
+        let endpoints = f.hosts();
+        let pkt = u64::from(p.mtu + p.header_bytes);
+        let links = (0..f.links())
+            .map(|l| {
+                let bps = f.capacity[l];
+                let fc = if f.kind[l] == LinkKind::Host {
+                    FlowControl::Credits
+                } else {
+                    p.flow_control
+                };
+                let lat = ps(f.latency[l]);
+                let bdp = (f.latency[l] * bps / 8.0 * 4.0) as u64;
+                let credits = p.credit_bytes.unwrap_or((bdp + 4 * pkt).max(4 * pkt));
+                Link {
+                    ps_per_byte: 8e12 / bps,
+                    latency_ps: lat,
+                    fc,
+                    head: f.head(l),
+                    from_switch: tails[l] != usize::MAX && tails[l] >= endpoints,
+                    busy: false,
+                    queue: VecDeque::new(),
+                    queued: 0,
+                    paused: false,
+                    paused_since: 0,
+                    paused_ps: 0,
+                    pause_sent: false,
+                    pfc_sent: 0,
+                    pfc_applied: 0,
+                    ingress_bytes: 0,
+                    credits: credits as i64,
+                    wake_at: NEVER,
+                    active: Vec::new(),
+                    rr: 0,
+                    tx_bytes: 0,
+                }
+            })
+            .collect();
+        let buffer = (0..f.nodes())
+            .map(|n| {
+                if n < endpoints {
+                    p.nic_buffer_bytes
+                } else {
+                    p.switch_buffer_bytes
+                }
+            })
+            .collect();
+        Self {
+            cluster,
+            p,
+            now: 0,
+            heap: RadixHeap::new(),
+            links,
+            used: vec![0; f.nodes()],
+            buffer,
+            paths: Vec::new(),
+            interned: HashMap::new(),
+            qps: Vec::new(),
+            due: Vec::new(),
+            tails,
+            qp_of: HashMap::new(),
+            msgs: Vec::new(),
+            pkts: Vec::new(),
+            free: Vec::new(),
+            rng: p.seed ^ 0x9e37_79b9_7f4a_7c15,
+            overhead_ps: ps(overhead_s),
+            driver,
+            later: Vec::new(),
+            open: 0,
+            out: PacketReport::default(),
+            scratch: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, t: u64, kind: Kind) {
+        self.heap.push(t, kind);
+    }
+
+    fn random(&mut self) -> f64 {
+        // splitmix64
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn intern(&mut self, path: &[LinkId]) -> u32 {
+        let key: Vec<u32> = path.iter().map(|&l| l as u32).collect();
+        if let Some(&id) = self.interned.get(&key) {
+            return id;
+        }
+        let id = self.paths.len() as u32;
+        self.paths.push(key.clone());
+        self.interned.insert(key, id);
+        id
+    }
+
+    /// Posts a message; returns false when it needs no packets (delivered by the caller).
+    fn post(&mut self, key: (usize, usize, usize), m: &Message) -> bool {
+        self.scratch.clear();
+        let mut path = std::mem::take(&mut self.scratch);
+        self.cluster.route(m.from, m.to, m.rail, m.sport, &mut path);
+        let id = self.msgs.len() as u32;
+        self.msgs.push(Msg {
+            qp: NONE,
+            remaining: m.bytes,
+            src: m.src,
+            dst: m.dst,
+        });
+        self.open += 1;
+        if path.is_empty() || m.bytes == 0 {
+            let at = self.now + ps(self.cluster.latency(&path)) + self.overhead_ps;
+            self.scratch = path;
+            self.push(at, Kind::Deliver(id));
+            return false;
+        }
+        let qp = match self.qp_of.get(&key) {
+            Some(&q) => q,
+            None => {
+                let f = &self.cluster.fabric;
+                let fabric: Vec<LinkId> = path
+                    .iter()
+                    .copied()
+                    .filter(|&l| f.kind[l] != LinkKind::Host)
+                    .collect();
+                let tails_src = fabric.first().map(|&l| self.tails[l]);
+                let cc = self.p.dcqcn.filter(|_| !fabric.is_empty()).map(Dcqcn::new);
+                let q = self.qps.len() as u32;
+                let pid = self.intern(&path);
+                self.qps.push(Qp {
+                    path: pid,
+                    src_ep: tails_src.unwrap_or(usize::MAX),
+                    dst_ep: fabric.last().map_or(usize::MAX, |&l| f.head(l)),
+                    sport: m.sport,
+                    cc,
+                    pending: VecDeque::new(),
+                    active: false,
+                    last_cnp: 0,
+                    timer_at: NEVER,
+                    reverse_ps: ps(self.cluster.latency(&path)),
+                    delivered: 0,
+                    sampled: 0,
+                });
+                self.qp_of.insert(key, q);
+                self.due.push(0);
+                q
+            }
+        };
+        self.scratch = path;
+        self.msgs[id as usize].qp = qp;
+        self.enqueue_bytes(qp, id, m.bytes, false);
+        true
+    }
+
+    /// Caches when `qp`'s rate next lets it send (its rate changed, or it sent).
+    fn refresh_due(&mut self, qp: u32) {
+        self.due[qp as usize] = self.qps[qp as usize]
+            .cc
+            .as_ref()
+            .and_then(|c| c.next_send_time())
+            .map_or(0, |t| t.as_nanos() * 1000);
+    }
+
+    fn enqueue_bytes(&mut self, qp: u32, msg: u32, bytes: u64, front: bool) {
+        let q = &mut self.qps[qp as usize];
+        if front {
+            q.pending.push_front((msg, bytes));
+        } else {
+            q.pending.push_back((msg, bytes));
+        }
+        let src = self.paths[q.path as usize][0] as usize;
+        if !q.active {
+            q.active = true;
+            self.links[src].active.push(qp);
+        }
+        self.kick(src);
+    }
+
+    /// Starts the next transmission on link `l` if it can.
+    fn kick(&mut self, l: usize) {
+        let link = &self.links[l];
+        if link.busy || link.paused {
+            return;
+        }
+        if let Some(&pk) = link.queue.front() {
+            let wire = self.pkts[pk as usize].wire;
+            if link.fc == FlowControl::Credits && link.credits < i64::from(wire) {
+                return;
+            }
+            let link = &mut self.links[l];
+            link.queue.pop_front();
+            let before = link.queued;
+            link.queued -= u64::from(wire);
+            if link.from_switch
+                && let Some(e) = self.p.ecn
+            {
+                let prob = e.probability(before);
+                if prob > 0.0 && (prob >= 1.0 || self.random() < prob) {
+                    self.pkts[pk as usize].ecn = true;
+                    self.out.ecn_marks += 1;
+                }
+            }
+            let ingress = self.pkts[pk as usize].ingress;
+            self.release(ingress as usize, wire);
+            self.transmit(l, pk);
+            return;
+        }
+        if link.active.is_empty() {
+            return;
+        }
+        // The NIC picks the next QP, round-robin, whose rate allows a packet now.
+        let now_ns = Instant::from_nanos(self.now / 1000);
+        let n = link.active.len();
+        let mut earliest = NEVER;
+        let mut pick = None;
+        for i in 0..n {
+            let k = (link.rr + i) % n;
+            let due = self.due[link.active[k] as usize];
+            if due <= self.now {
+                pick = Some(k);
+                break;
+            }
+            earliest = earliest.min(due);
+        }
+        let Some(k) = pick else {
+            if earliest != NEVER && self.links[l].wake_at != earliest {
+                self.links[l].wake_at = earliest;
+                self.push(earliest, Kind::Wake(l as u32));
+            }
+            return;
+        };
+        let qp = link.active[k];
+        let q = &self.qps[qp as usize];
+        let (msg, left) = *q.pending.front().expect("active QPs have bytes");
+        let payload = left.min(u64::from(self.p.mtu)) as u32;
+        let wire = payload + self.p.header_bytes;
+        if link.fc == FlowControl::Credits && link.credits < i64::from(wire) {
+            return;
+        }
+        let path = q.path;
+        let q = &mut self.qps[qp as usize];
+        if let Some(c) = q.cc.as_mut() {
+            c.on_sent(now_ns, wire as usize);
+            self.due[qp as usize] = c.next_send_time().map_or(0, |t| t.as_nanos() * 1000);
+        }
+        let front = q.pending.front_mut().expect("checked");
+        front.1 -= u64::from(payload);
+        if front.1 == 0 {
+            q.pending.pop_front();
+        }
+        let link = &mut self.links[l];
+        if q.pending.is_empty() {
+            q.active = false;
+            link.active.remove(k);
+            link.rr = if link.active.is_empty() {
+                0
+            } else {
+                k % link.active.len()
+            };
+        } else {
+            link.rr = (k + 1) % link.active.len();
+        }
+        let pkt = Pkt {
+            qp,
+            msg,
+            payload,
+            wire,
+            path,
+            hop: 0,
+            ecn: false,
+            ingress: NONE,
+        };
+        let id = match self.free.pop() {
+            Some(i) => {
+                self.pkts[i as usize] = pkt;
+                i
+            }
+            None => {
+                self.pkts.push(pkt);
+                (self.pkts.len() - 1) as u32
+            }
+        };
+        self.out.packets += 1;
+        self.transmit(l, id);
+    }
+
+    fn transmit(&mut self, l: usize, pk: u32) {
+        let wire = self.pkts[pk as usize].wire;
+        let link = &mut self.links[l];
+        link.busy = true;
+        if link.fc == FlowControl::Credits {
+            link.credits -= i64::from(wire);
+        }
+        link.tx_bytes += u64::from(wire);
+        let ser = (f64::from(wire) * link.ps_per_byte).round() as u64;
+        let (done, arrive) = (self.now + ser, self.now + ser + link.latency_ps);
+        self.push(done, Kind::TxDone(l as u32));
+        self.push(arrive, Kind::Arrive(pk));
+    }
+
+    fn xoff(&self, node: usize) -> u64 {
+        (self.p.pfc_alpha * self.buffer[node].saturating_sub(self.used[node]) as f64) as u64
+    }
+
+    /// A packet that arrived on `ingress` left its node.
+    fn release(&mut self, ingress: usize, wire: u32) {
+        if ingress == NONE as usize {
+            return;
+        }
+        let w = u64::from(wire);
+        let link = &self.links[ingress];
+        match link.fc {
+            FlowControl::Credits => {
+                let at = self.now + link.latency_ps;
+                self.push(at, Kind::Credit(ingress as u32, wire));
+            }
+            FlowControl::Lossy => self.used[link.head] -= w,
+            FlowControl::Pfc => {
+                let node = link.head;
+                self.used[node] -= w;
+                self.links[ingress].ingress_bytes -= w;
+                let link = &self.links[ingress];
+                if link.pause_sent
+                    && (link.ingress_bytes == 0
+                        || link.ingress_bytes + self.p.pfc_resume_bytes <= self.xoff(node))
+                {
+                    let at = self.now + link.latency_ps;
+                    let link = &mut self.links[ingress];
+                    link.pause_sent = false;
+                    link.pfc_sent += 1;
+                    let generation = link.pfc_sent;
+                    self.push(at, Kind::Pfc(ingress as u32, generation));
+                }
+            }
+        }
+    }
+
+    /// A packet arrived at the node at the head of `ingress`; false if it was dropped.
+    fn admit(&mut self, ingress: usize, wire: u32) -> bool {
+        let link = &self.links[ingress];
+        if link.fc == FlowControl::Credits {
+            return true;
+        }
+        let node = link.head;
+        let w = u64::from(wire);
+        if self.used[node] + w > self.buffer[node] {
+            self.out.drops += 1;
+            return false;
+        }
+        self.used[node] += w;
+        if node >= self.cluster.fabric.hosts() {
+            self.out.max_buffer_bytes = self.out.max_buffer_bytes.max(self.used[node]);
+        }
+        if link.fc == FlowControl::Pfc {
+            self.links[ingress].ingress_bytes += w;
+            let link = &self.links[ingress];
+            if !link.pause_sent && link.ingress_bytes > self.xoff(node) {
+                let at = self.now + link.latency_ps;
+                let link = &mut self.links[ingress];
+                link.pause_sent = true;
+                link.pfc_sent += 1;
+                let generation = link.pfc_sent;
+                self.out.pauses += 1;
+                self.push(at, Kind::Pfc(ingress as u32, generation));
+            }
+        }
+        true
+    }
+
+    fn arrive(&mut self, pk: u32) {
+        let p = self.pkts[pk as usize];
+        let path = &self.paths[p.path as usize];
+        let l = path[p.hop as usize] as usize;
+        let hop = p.hop as usize + 1;
+        let following = path.get(hop).map(|&x| x as usize);
+        let Some(mut next) = following else {
+            // At the receiving GPU.
+            if self.links[l].fc == FlowControl::Credits {
+                let at = self.now + self.links[l].latency_ps;
+                self.push(at, Kind::Credit(l as u32, p.wire));
+            }
+            self.free.push(pk);
+            let q = &mut self.qps[p.qp as usize];
+            q.delivered += u64::from(p.payload);
+            self.out.bytes += u64::from(p.payload);
+            if p.ecn && q.cc.is_some() {
+                let gap = self
+                    .p
+                    .dcqcn
+                    .map_or(0, |d| d.cnp_interval.as_nanos() as u64 * 1000);
+                if q.last_cnp == 0 || self.now >= q.last_cnp + gap {
+                    q.last_cnp = self.now.max(1);
+                    self.out.cnps += 1;
+                    let at = self.now + q.reverse_ps;
+                    self.push(at, Kind::Cnp(p.qp));
+                }
+            }
+            let m = &mut self.msgs[p.msg as usize];
+            m.remaining -= u64::from(p.payload);
+            if m.remaining == 0 {
+                let at = self.now + self.overhead_ps;
+                self.push(at, Kind::Deliver(p.msg));
+            }
+            return;
+        };
+        if !self.admit(l, p.wire) {
+            self.free.push(pk);
+            let at = self.now + ps(self.p.rto_s);
+            self.push(at, Kind::Resend(p.qp, p.msg, p.payload));
+            return;
+        }
+        if self.p.adaptive_routing {
+            next = self.adapt(pk, l, hop, next);
+        }
+        let p = &mut self.pkts[pk as usize];
+        p.hop = hop as u16;
+        p.ingress = l as u32;
+        let link = &mut self.links[next];
+        link.queue.push_back(pk);
+        link.queued += u64::from(p.wire);
+        self.out.max_queue_bytes = self.out.max_queue_bytes.max(link.queued);
+        self.kick(next);
+    }
+
+    /// Adaptive routing at the node `l` leads to: the least-loaded uplink, if `next` is one.
+    fn adapt(&mut self, pk: u32, l: usize, hop: usize, next: usize) -> usize {
+        let f = &self.cluster.fabric;
+        let node = self.links[l].head;
+        if node == usize::MAX {
+            return next;
+        }
+        let ups = f.up_links(node);
+        if ups.len() < 2 || !ups.contains(&next) {
+            return next;
+        }
+        let load = |x: usize| self.links[x].queued + u64::from(self.links[x].busy);
+        let best = ups
+            .iter()
+            .copied()
+            .min_by_key(|&x| (load(x), x != next))
+            .expect("two or more");
+        if best == next {
+            return next;
+        }
+        let p = self.pkts[pk as usize];
+        let q = &self.qps[p.qp as usize];
+        let old = &self.paths[p.path as usize];
+        let mut path: Vec<LinkId> = old[..hop].iter().map(|&x| x as usize).collect();
+        path.push(best);
+        f.route_from(f.head(best), q.src_ep, q.dst_ep, q.sport, &mut path);
+        if let Some(&last) = old.last()
+            && f.kind[last as usize] == LinkKind::Host
+        {
+            path.push(last as usize);
+        }
+        let id = self.intern(&path);
+        self.pkts[pk as usize].path = id;
+        best
+    }
+
+    fn arm(&mut self, qp: u32) {
+        let q = &mut self.qps[qp as usize];
+        let Some(c) = q.cc.as_ref() else { return };
+        match c.poll_timeout() {
+            Some(t) => {
+                let at = (t.as_nanos() * 1000).max(self.now);
+                if at != q.timer_at {
+                    q.timer_at = at;
+                    self.push(at, Kind::CcTimer(qp));
+                }
+            }
+            None => q.timer_at = NEVER,
+        }
+    }
+
+    fn source(&self, qp: u32) -> usize {
+        self.paths[self.qps[qp as usize].path as usize][0] as usize
+    }
+
+    fn deliver(&mut self, msg: u32, posted: &mut Vec<Message>) {
+        self.open -= 1;
+        self.out.messages += 1;
+        self.out.time_s = self.now as f64 * 1e-12;
+        let (src, dst) = (self.msgs[msg as usize].src, self.msgs[msg as usize].dst);
+        match &mut self.driver {
+            Driver::Flows { left, done } => {
+                done[src] = self.now as f64 * 1e-12;
+                *left -= 1;
+            }
+            Driver::Jobs(progress) => {
+                progress.deliver(src, dst);
+                progress.run(posted);
+                for j in progress.jobs_done.drain(..) {
+                    self.out.job_time_s[j] = self.now as f64 * 1e-12;
+                }
+            }
+        }
+        self.post_all(posted);
+    }
+
+    fn post_all(&mut self, posted: &mut Vec<Message>) {
+        for m in posted.drain(..) {
+            self.post((m.job, m.src, m.dst), &m);
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.open == 0
+            && match &self.driver {
+                Driver::Flows { left, .. } => *left == 0,
+                Driver::Jobs(p) => p.finished(),
+            }
+    }
+
+    fn sample(&mut self, period: u64) {
+        let dt = period as f64 * 1e-12;
+        let mut s = Sample {
+            t_s: self.now as f64 * 1e-12,
+            rate_bps: Vec::with_capacity(self.qps.len()),
+            goodput_bps: Vec::with_capacity(self.qps.len()),
+        };
+        for q in &mut self.qps {
+            let line = q.cc.as_ref().map_or(0.0, |c| c.rate_bps());
+            s.rate_bps.push(line);
+            s.goodput_bps
+                .push((q.delivered - q.sampled) as f64 * 8.0 / dt);
+            q.sampled = q.delivered;
+        }
+        self.out.samples.push(s);
+    }
+
+    fn run(mut self) -> Result<PacketReport, PacketError> {
+        let mut posted = Vec::new();
+        if let Driver::Jobs(progress) = &mut self.driver {
+            progress.run(&mut posted);
+        }
+        self.post_all(&mut posted);
+        let sample = self.p.sample_s.map(ps);
+        if let Some(s) = sample {
+            self.push(s, Kind::Sample);
+        }
+        while let Some((t, kind)) = self.heap.pop() {
+            if self.finished() {
+                break;
+            }
+            self.now = t;
+            self.out.events += 1;
+            match kind {
+                Kind::TxDone(l) => {
+                    self.links[l as usize].busy = false;
+                    self.kick(l as usize);
+                }
+                Kind::Arrive(pk) => self.arrive(pk),
+                Kind::Pfc(l, generation) => {
+                    let link = &mut self.links[l as usize];
+                    if generation <= link.pfc_applied {
+                        self.out.events -= 1;
+                        continue;
+                    }
+                    link.pfc_applied = generation;
+                    let on = generation % 2 == 1;
+                    if on && !link.paused {
+                        link.paused = true;
+                        link.paused_since = self.now;
+                    } else if !on && link.paused {
+                        link.paused = false;
+                        link.paused_ps += self.now - link.paused_since;
+                        self.kick(l as usize);
+                    }
+                }
+                Kind::Credit(l, bytes) => {
+                    self.links[l as usize].credits += i64::from(bytes);
+                    self.kick(l as usize);
+                }
+                Kind::Wake(l) => {
+                    if self.links[l as usize].wake_at != t {
+                        self.out.events -= 1;
+                        continue;
+                    }
+                    self.links[l as usize].wake_at = NEVER;
+                    self.kick(l as usize);
+                }
+                Kind::Cnp(qp) => {
+                    let now = Instant::from_nanos(self.now / 1000);
+                    if let Some(c) = self.qps[qp as usize].cc.as_mut() {
+                        c.on_cnp(now);
+                    }
+                    self.refresh_due(qp);
+                    self.arm(qp);
+                }
+                Kind::CcTimer(qp) => {
+                    if self.qps[qp as usize].timer_at != t {
+                        self.out.events -= 1;
+                        continue;
+                    }
+                    self.qps[qp as usize].timer_at = NEVER;
+                    let now = Instant::from_nanos(self.now / 1000);
+                    if let Some(c) = self.qps[qp as usize].cc.as_mut() {
+                        c.handle_timeout(now);
+                    }
+                    self.refresh_due(qp);
+                    self.arm(qp);
+                    let src = self.source(qp);
+                    self.kick(src);
+                }
+                Kind::Deliver(m) => self.deliver(m, &mut posted),
+                Kind::Resend(qp, msg, bytes) => {
+                    self.enqueue_bytes(qp, msg, u64::from(bytes), true);
+                }
+                Kind::Start(f) => {
+                    let m = self.later[f as usize];
+                    self.post((m.job, m.src, m.dst), &m);
+                }
+                Kind::Sample => {
+                    if let Some(s) = sample {
+                        self.sample(s);
+                        // Only while something else is still to happen.
+                        if !self.heap.is_empty() {
+                            self.push(self.now + s, Kind::Sample);
+                        }
+                    }
+                }
+            }
+        }
+        if !self.finished() {
+            if let Driver::Jobs(progress) = &self.driver
+                && let Some(e) = progress.leftover()
+            {
+                return Err(e.into());
+            }
+            return Err(PacketError::Replay(ReplayError::Deadlock(format!(
+                "{} messages never arrived",
+                self.open
+            ))));
+        }
+        for l in &mut self.links {
+            if l.paused {
+                l.paused_ps += self.now - l.paused_since;
+            }
+        }
+        self.out.paused_s = self
+            .links
+            .iter()
+            .map(|l| l.paused_ps as f64 * 1e-12)
+            .collect();
+        self.out.link_bytes = self.links.iter().map(|l| l.tx_bytes).collect();
+        self.out.qps = self.qps.len();
+        if let Driver::Flows { done, .. } = &mut self.driver {
+            self.out.flow_done_s = std::mem::take(done);
+        }
+        Ok(self.out)
+    }
+}
+
+/// Simulates explicit transfers (incast, permutations, background traffic) packet by packet;
+/// each flow is its own QP.
+pub fn simulate_flows(
+    cluster: &Cluster,
+    flows: &[Flow],
+    params: &PacketParams,
+) -> Result<PacketReport, PacketError> {
+    params.check()?;
+    for (i, f) in flows.iter().enumerate() {
+        if f.from >= cluster.gpus() || f.to >= cluster.gpus() {
+            return Err(PacketError::Invalid {
+                field: "flow",
+                why: format!(
+                    "flow {i}: GPU {} -> {} outside the cluster's {}",
+                    f.from,
+                    f.to,
+                    cluster.gpus()
+                ),
+            });
+        }
+        if !(f.start_s >= 0.0 && f.start_s.is_finite()) {
+            return Err(PacketError::Invalid {
+                field: "flow",
+                why: format!("flow {i}: start {} s: want a time from 0", f.start_s),
+            });
+        }
+    }
+    let driver = Driver::Flows {
+        left: flows.len(),
+        done: vec![0.0; flows.len()],
+    };
+    let mut sim = Sim::new(cluster, params, driver, 0.0);
+    for (i, f) in flows.iter().enumerate() {
+        sim.later.push(Message {
+            job: usize::MAX,
+            src: i,
+            dst: i,
+            from: f.from,
+            to: f.to,
+            bytes: f.bytes,
+            sport: f.sport,
+            rail: f.rail,
+        });
+        sim.push(ps(f.start_s), Kind::Start(i as u32));
+    }
+    sim.run()
+}
+
+/// Replays `jobs` (collective schedules, as [`crate::replay`] does) packet by packet;
+/// `overhead_s` per message.
+pub fn simulate_jobs(
+    cluster: &Cluster,
+    jobs: &[Job],
+    params: &PacketParams,
+    overhead_s: f64,
+) -> Result<PacketReport, PacketError> {
+    params.check()?;
+    let progress = Progress::new(cluster, jobs)?;
+    let mut sim = Sim::new(
+        cluster,
+        params,
+        Driver::Jobs(Box::new(progress)),
+        overhead_s,
+    );
+    sim.out.job_time_s = vec![0.0; jobs.len()];
+    sim.run()
+}
