@@ -15,7 +15,8 @@
 //!              # "pfc" | "lossy" (RoCE) | "credits" (InfiniBand), adaptive_routing = false
 //! [congestion] # RoCE: algorithm = "dcqcn" | "none", ecn_kmin, ecn_kmax (sizes), ecn_pmax,
 //!              # rate_ai, rate_hai (speeds), timer (time); defaults scale with link_speed
-//! [background] # a competing job on the next servers: gpus, op, algorithm, size
+//! [background] # a competing job: gpus, op, algorithm, size, placement = "packed" (its own
+//!              # servers after the planned job's) | "interleaved" (servers dealt in turn)
 //! [sim]        # overhead = "2us" per message, engine = "auto" | "event" | "lockstep" |
 //!              # "packet"
 //! ```
@@ -32,8 +33,8 @@ use toml::{Table, Value};
 use crate::cluster::{Cluster, Server};
 use crate::packet::{Ecn, FlowControl, PacketParams};
 use crate::plan::{
-    Background, CollectiveSpec, Cost, Engine, Outcome, PlanError, Prices, Scenario, StepReport,
-    Training, cost, run_scenario, training_step,
+    Background, CollectiveSpec, Cost, Engine, Outcome, Placement, PlanError, Prices, Scenario,
+    StepReport, Training, cost, run_scenario, training_step,
 };
 use crate::topology::{FatTree, LeafSpine, RailOptimized, Routing, TopologyError};
 use crate::units::{parse_bandwidth, parse_bytes, parse_time};
@@ -336,16 +337,19 @@ pub fn parse_design(text: &str, name: &str, gpus: Option<usize>) -> Result<Desig
             format!("{}: want a divisor of server.gpus ({per})", server.nics),
         ));
     }
-    let bg = Section::new(&root, "background", &["gpus", "op", "algorithm", "size"])?;
+    let bg = Section::new(
+        &root,
+        "background",
+        &["gpus", "op", "algorithm", "size", "placement"],
+    )?;
     let bg_gpus = match bg.t {
         None => 0,
         Some(_) => bg
             .int("gpus", 1)?
             .ok_or_else(|| err("background.gpus", "missing: want the competing job's GPUs"))?,
     };
-    // The competing job starts on the server after the planned job's last.
-    let bg_first = gpus.div_ceil(per) * per;
-    let servers = (bg_first + bg_gpus).div_ceil(per);
+    // The competing job has servers of its own.
+    let servers = gpus.div_ceil(per) + bg_gpus.div_ceil(per);
     let endpoints = servers * server.nics;
 
     let f = Section::new(
@@ -579,7 +583,6 @@ pub fn parse_design(text: &str, name: &str, gpus: Option<usize>) -> Result<Desig
                     channels: per,
                     ranks: bg_gpus,
                 },
-                first_gpu: bg_first,
             }]
         }
     };
@@ -596,6 +599,10 @@ pub fn parse_design(text: &str, name: &str, gpus: Option<usize>) -> Result<Desig
         scenario: Scenario {
             packet: Some(packet),
             background,
+            placement: match bg.choice("placement", &["packed", "interleaved"], "packed")? {
+                "interleaved" => Placement::Interleaved,
+                _ => Placement::Packed,
+            },
         },
     })
 }
@@ -845,12 +852,12 @@ impl fmt::Display for Report {
         for b in &d.scenario.background {
             writeln!(
                 f,
-                "  competing job: {} {} {} B on GPUs {}..{}",
+                "  competing job: {} {} {} B on {} GPUs ({:?} placement)",
                 b.spec.coll.name(),
                 b.spec.algo.name(),
                 b.spec.bytes,
-                b.first_gpu,
-                b.first_gpu + b.spec.ranks
+                b.spec.ranks,
+                d.scenario.placement
             )?;
         }
         match &o.packet {

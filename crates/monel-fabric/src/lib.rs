@@ -33,9 +33,9 @@ pub use packet::{
     simulate_jobs,
 };
 pub use plan::{
-    Background, CollectiveSpec, Cost, Engine, Outcome, PACKET_ENGINE_MAX_PACKETS, PlanError,
-    Prices, Scenario, StepReport, Training, busbw_factor, cost, run_collective, run_scenario,
-    training_step,
+    Background, CollectiveSpec, Cost, Engine, Outcome, PACKET_ENGINE_MAX_PACKETS, Placement,
+    PlanError, Prices, Scenario, StepReport, Training, busbw_factor, cost, run_collective,
+    run_scenario, training_step,
 };
 pub use replay::{Job, Replay, ReplayError, replay, sport};
 pub use topology::{

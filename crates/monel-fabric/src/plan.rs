@@ -136,14 +136,23 @@ pub fn channel_order(cluster: &Cluster, ranks: usize, c: usize, channels: usize)
         .collect()
 }
 
-/// A competing job: its own collective on GPUs `first_gpu..first_gpu + spec.ranks`, started
+/// A competing job: its own collective (`ranks` must be set) on its own servers, started
 /// together with the one predicted, sharing the fabric with it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Background {
-    /// Its collective (`ranks` must be set).
+    /// Its collective.
     pub spec: CollectiveSpec,
-    /// Its first GPU.
-    pub first_gpu: usize,
+}
+
+/// How the planned job and the competing ones take servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// The planned job on the first servers, each competing job on the next ones (jobs
+    /// meet only where a switch serves both).
+    #[default]
+    Packed,
+    /// Servers dealt round-robin to the jobs (a fragmented scheduler): jobs share leaves.
+    Interleaved,
 }
 
 /// What else shapes a prediction: the packet engine's settings and competing jobs.
@@ -153,6 +162,48 @@ pub struct Scenario {
     pub packet: Option<PacketParams>,
     /// Competing jobs.
     pub background: Vec<Background>,
+    /// Where the jobs run.
+    pub placement: Placement,
+}
+
+impl Scenario {
+    /// The servers of each job (planned first), for jobs of `ranks` GPUs on `cluster`.
+    fn servers(&self, cluster: &Cluster, ranks: &[usize]) -> Result<Vec<Vec<usize>>, PlanError> {
+        let per = cluster.server.gpus;
+        let mut need: Vec<usize> = ranks.iter().map(|r| r.div_ceil(per)).collect();
+        let total: usize = need.iter().sum();
+        if total > cluster.servers() {
+            return Err(invalid(
+                "background",
+                format!(
+                    "the jobs need {total} servers of {per} GPUs; the cluster has {}",
+                    cluster.servers()
+                ),
+            ));
+        }
+        let mut out = vec![Vec::new(); ranks.len()];
+        let mut next = 0;
+        match self.placement {
+            Placement::Packed => {
+                for (j, k) in need.iter().enumerate() {
+                    out[j] = (next..next + k).collect();
+                    next += k;
+                }
+            }
+            Placement::Interleaved => {
+                while next < total {
+                    for (j, k) in need.iter_mut().enumerate() {
+                        if *k > 0 {
+                            out[j].push(next);
+                            next += 1;
+                            *k -= 1;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// Packets above which the packet engine refuses a collective (about a minute of work).
@@ -238,25 +289,30 @@ impl Placed<'_> {
     }
 }
 
-fn place<'a>(
-    cluster: &Cluster,
-    spec: &'a CollectiveSpec,
-    first_gpu: usize,
-) -> Result<Placed<'a>, PlanError> {
+fn ranks_of(cluster: &Cluster, spec: &CollectiveSpec) -> Result<usize, PlanError> {
     let n = if spec.ranks == 0 {
-        cluster.gpus() - first_gpu.min(cluster.gpus())
+        cluster.gpus()
     } else {
         spec.ranks
     };
-    if n == 0 || first_gpu + n > cluster.gpus() {
+    if n == 0 || n > cluster.gpus() {
         return Err(invalid(
             "ranks",
-            format!(
-                "{n} from GPU {first_gpu}: want 1 to {} (the cluster's GPUs)",
-                cluster.gpus().saturating_sub(first_gpu)
-            ),
+            format!("{n}: want 1 to {} (the cluster's GPUs)", cluster.gpus()),
         ));
     }
+    Ok(n)
+}
+
+/// Places `spec` on `servers` (the job's rank `i` on GPU `i % per` of its `i / per`-th).
+fn place<'a>(
+    cluster: &Cluster,
+    spec: &'a CollectiveSpec,
+    servers: &[usize],
+) -> Result<Placed<'a>, PlanError> {
+    let n = ranks_of(cluster, spec)?;
+    let per = cluster.server.gpus;
+    let global = |g: usize| servers[g / per] * per + g % per;
     if spec.elem_bytes == 0 {
         return Err(invalid("elem_bytes", "want at least 1"));
     }
@@ -291,7 +347,7 @@ fn place<'a>(
                 } else {
                     (0..n).collect()
                 };
-                order.into_iter().map(|g| g + first_gpu).collect()
+                order.into_iter().map(global).collect()
             })
             .collect(),
         rails: (0..channels)
@@ -323,20 +379,19 @@ pub fn run_scenario(
     overhead_s: f64,
     scenario: &Scenario,
 ) -> Result<Outcome, PlanError> {
-    let main = place(cluster, spec, 0)?;
+    let mut ranks = vec![ranks_of(cluster, spec)?];
+    for b in &scenario.background {
+        if b.spec.ranks == 0 {
+            return Err(invalid("background", "a competing job needs its ranks"));
+        }
+        ranks.push(ranks_of(cluster, &b.spec)?);
+    }
+    let servers = scenario.servers(cluster, &ranks)?;
+    let main = place(cluster, spec, &servers[0])?;
     let n = main.n;
     let mut all = vec![main];
-    for b in &scenario.background {
-        if b.first_gpu < n {
-            return Err(invalid(
-                "background",
-                format!(
-                    "starts at GPU {}, inside the planned job's GPUs 0..{n}",
-                    b.first_gpu
-                ),
-            ));
-        }
-        all.push(place(cluster, &b.spec, b.first_gpu)?);
+    for (b, s) in scenario.background.iter().zip(&servers[1..]) {
+        all.push(place(cluster, &b.spec, s)?);
     }
     let main_jobs = all[0].counts.len();
     // Rank 0's schedule and its symmetry, per placed collective and count.

@@ -26,10 +26,13 @@ fn shipped_examples_plan() {
         let p = e.unwrap().path();
         if p.extension().is_some_and(|x| x == "toml") {
             let text = std::fs::read_to_string(&p).unwrap();
-            let d = parse_design(&text, "x", Some(512)).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+            // Packet-level designs run at their own (small) size; the others at 512 GPUs.
+            let packet = text.contains("engine = \"packet\"");
+            let gpus = if packet { None } else { Some(512) };
+            let d = parse_design(&text, "x", gpus).unwrap_or_else(|e| panic!("{p:?}: {e}"));
             let r = evaluate(d).unwrap_or_else(|e| panic!("{p:?}: {e}"));
             assert!(
-                r.outcome.busbw > 0.0 && r.step.is_some() && r.cost.is_some(),
+                r.outcome.busbw > 0.0 && (packet || r.step.is_some()) && r.cost.is_some(),
                 "{p:?}"
             );
             let shown = r.to_string();
@@ -37,6 +40,10 @@ fn shipped_examples_plan() {
                 shown.contains("busbw") && shown.contains("per GPU"),
                 "{shown}"
             );
+            if packet {
+                let pk = r.outcome.packet.as_ref().expect("the packet engine ran");
+                assert!(pk.events > 0 && shown.contains("pause frames"), "{shown}");
+            }
             seen += 1;
         }
     }
@@ -117,6 +124,83 @@ fn mistakes_name_the_field_and_the_allowed_values() {
     assert_eq!(e.field, "training.backward");
     let e = error("gpus = [");
     assert_eq!(e.field, "toml");
+}
+
+#[test]
+fn packet_settings_congestion_and_competing_jobs() {
+    let text = format!(
+        "{BASE}mtu = \"1KiB\"\nswitch_buffer = \"16MiB\"\nadaptive_routing = true\n\
+         [congestion]\necn_kmin = \"100KB\"\necn_kmax = \"400KB\"\necn_pmax = 0.1\n\
+         rate_ai = \"20Mbps\"\ntimer = \"55us\"\n\
+         [background]\ngpus = 16\nop = \"alltoall\"\nalgorithm = \"direct\"\nsize = \"8MiB\"\n\
+         [sim]\nengine = \"packet\"\n"
+    );
+    let d = parse_design(&text, "t", None).unwrap();
+    assert_eq!(d.engine, Engine::Packet);
+    let p = d.scenario.packet.as_ref().unwrap();
+    assert_eq!((p.mtu, p.switch_buffer_bytes), (1024, 16 << 20));
+    assert!(p.adaptive_routing && p.flow_control == FlowControl::Pfc);
+    assert_eq!(
+        p.ecn,
+        Some(Ecn {
+            kmin_bytes: 100_000,
+            kmax_bytes: 400_000,
+            pmax: 0.1
+        })
+    );
+    let dc = p.dcqcn.unwrap();
+    assert_eq!(dc.rate_ai_bps, 20e6);
+    assert_eq!(dc.time_reset, std::time::Duration::from_micros(55));
+    assert_eq!(dc.line_rate_bps, 400e9);
+    // The competing job sits on the servers after the planned job's, and the fabric grows
+    // to hold both.
+    let b = &d.scenario.background[0];
+    assert_eq!(b.spec.ranks, 16);
+    assert_eq!(d.scenario.placement, Placement::Packed);
+    assert_eq!(d.cluster.gpus(), 80);
+
+    let cases: &[(&str, &str)] = &[
+        ("flow_control = \"credits\"", "fabric.flow_control"),
+        ("adaptive_routing = 1", "fabric.adaptive_routing"),
+        ("mtu = \"64B\"", "fabric.mtu"),
+        ("mtu = 4096", "fabric.mtu"),
+        ("[congestion]\necn_pmax = 2.0", "congestion.ecn_pmax"),
+        (
+            "[congestion]\necn_kmin = \"1MB\"\necn_kmax = \"10KB\"",
+            "congestion.ecn_kmin",
+        ),
+        ("[congestion]\nalgorithm = \"hpcc\"", "congestion.algorithm"),
+        ("[congestion]\nrate_ai = 5", "congestion.rate_ai"),
+        ("[background]\nop = \"alltoall\"", "background.gpus"),
+        (
+            "[background]\ngpus = 8\nalgorithm = \"rings\"",
+            "background.algorithm",
+        ),
+        ("[sim]\nengine = \"packets\"", "sim.engine"),
+        (
+            "[background]\ngpus = 8\nplacement = \"random\"",
+            "background.placement",
+        ),
+    ];
+    for (add, field) in cases {
+        let e = error(&format!("{BASE}{add}\n"));
+        assert_eq!(e.field, *field, "{add}: {e}");
+    }
+    let e = error(&format!("{BASE}[sim]\nengine = \"packets\"\n"));
+    assert!(e.why.contains("auto, event, lockstep, packet"), "{e}");
+    // InfiniBand has credits, not PFC, ECN or DCQCN.
+    let ib = BASE.replace("kind", "transport = \"infiniband\"\nkind");
+    let e = error(&format!("{ib}flow_control = \"pfc\"\n"));
+    assert_eq!(e.field, "fabric.flow_control");
+    assert!(e.why.contains("credits"), "{e}");
+    let e = error(&format!("{ib}[congestion]\nalgorithm = \"dcqcn\"\n"));
+    assert!(e.why.contains("not modelled"), "{e}");
+    let d = parse_design(&ib, "t", None).unwrap();
+    let p = d.scenario.packet.unwrap();
+    assert_eq!(
+        (p.flow_control, p.ecn, p.dcqcn),
+        (FlowControl::Credits, None, None)
+    );
 }
 
 #[test]

@@ -236,3 +236,111 @@ fn cost_counts_the_parts() {
     assert_eq!(k.total, 6400.0 + 128.0 + 192.0 + 128.0);
     assert_eq!(k.per_gpu, k.total / 128.0);
 }
+
+fn servers(fabric: Fabric) -> Cluster {
+    Cluster::new(
+        fabric,
+        Server {
+            gpus: 8,
+            nics: 8,
+            nvlink_bps: 3.6e12,
+            pcie_bps: 512e9,
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn packet_and_fluid_engines_agree_on_a_mid_size_ring() {
+    // 64 GPUs on eight servers, 8 channels on 8 rails, a 64 MiB ring all-reduce: InfiniBand
+    // (D-mod-k, credits) and RoCE (ECMP collisions, PFC, no DCQCN). The packet engine adds
+    // headers and store-and-forward; queues and pauses replace fair sharing.
+    let mut ib = leaf_spine(8, 8, 8, 400e9, 600e-9);
+    ib.routing = Routing::DestMod;
+    let roce = leaf_spine(8, 8, 8, 400e9, 600e-9);
+    let mut bare = PacketParams::roce(400e9);
+    bare.dcqcn = None;
+    for (name, fabric, params) in [
+        ("infiniband", ib, PacketParams::infiniband()),
+        ("roce, PFC, no DCQCN", roce, bare),
+    ] {
+        let c = servers(fabric);
+        let spec = allreduce(64 << 20, 8);
+        let event = run_collective(&c, &spec, Engine::Event, 2e-6).unwrap();
+        let scenario = Scenario {
+            packet: Some(params),
+            ..Scenario::default()
+        };
+        let packet = run_scenario(&c, &spec, Engine::Packet, 2e-6, &scenario).unwrap();
+        let err = (packet.time_s - event.time_s) / event.time_s;
+        assert!(
+            err.abs() < 0.06,
+            "{name}: packet {} s, event {} s ({:+.1}%)",
+            packet.time_s,
+            event.time_s,
+            err * 100.0
+        );
+        let pk = packet.packet.as_ref().unwrap();
+        assert_eq!(pk.drops, 0, "{name}: lossless");
+        assert_eq!(pk.messages, 8 * 2 * 63 * 64, "{name}");
+    }
+}
+
+#[test]
+fn a_competing_job_slows_the_planned_one() {
+    // 32 planned GPUs and 32 competing ones on a 4:1 oversubscribed leaf-spine of two
+    // servers per leaf. Packed, each job has leaves of its own and they never meet; dealt
+    // server by server, every leaf holds both and the competitor's all-to-all takes uplink
+    // capacity from the ring.
+    let c = servers(leaf_spine(4, 16, 4, 400e9, 600e-9));
+    let spec = CollectiveSpec {
+        ranks: 32,
+        ..allreduce(32 << 20, 8)
+    };
+    let rival = |placement| Scenario {
+        packet: None,
+        background: vec![Background {
+            spec: CollectiveSpec {
+                coll: Collective::AllToAll,
+                algo: Algorithm::Direct,
+                bytes: 32 << 20,
+                elem_bytes: 4,
+                channels: 1,
+                ranks: 32,
+            },
+        }],
+        placement,
+    };
+    for engine in [Engine::Event, Engine::Packet, Engine::Lockstep] {
+        let alone = run_scenario(&c, &spec, engine, 2e-6, &Scenario::default()).unwrap();
+        let packed = run_scenario(&c, &spec, engine, 2e-6, &rival(Placement::Packed)).unwrap();
+        let mixed = run_scenario(&c, &spec, engine, 2e-6, &rival(Placement::Interleaved)).unwrap();
+        // Packed, only the spines are common: their shared buffers (PFC thresholds) are all
+        // the packet engine can see of the other job.
+        let same = (packed.time_s - alone.time_s).abs() / alone.time_s;
+        let tolerance = if engine == Engine::Packet { 0.1 } else { 0.02 };
+        assert!(
+            same < tolerance,
+            "{engine:?}: packed {} vs alone {}",
+            packed.time_s,
+            alone.time_s
+        );
+        assert!(
+            mixed.time_s > 1.2 * alone.time_s,
+            "{engine:?}: {} s alone, {} s sharing leaves with an all-to-all",
+            alone.time_s,
+            mixed.time_s
+        );
+    }
+    let too_big = Scenario {
+        background: vec![Background {
+            spec: CollectiveSpec {
+                ranks: 64,
+                ..rival(Placement::Packed).background[0].spec.clone()
+            },
+        }],
+        ..Scenario::default()
+    };
+    let e = run_scenario(&c, &spec, Engine::Auto, 2e-6, &too_big).unwrap_err();
+    assert!(e.to_string().contains("need 12 servers"), "{e}");
+}
