@@ -1,7 +1,8 @@
-//! How fast the packet engine runs: events per second on one core, for a ring AllReduce and
-//! an incast-heavy all-to-all on a 1,024-endpoint RoCE leaf-spine with PFC, ECN and DCQCN.
+//! How fast the packet engine runs: events per second on one core, for a ring AllReduce on a
+//! 1,024-endpoint RoCE leaf-spine with PFC, ECN and DCQCN, and an all-to-all (a QP per rank
+//! pair: congestion everywhere) on 128 of them.
 //!
-//! `cargo run --release -p monel-fabric --example packet_speed [-- ENDPOINTS]`
+//! `cargo run --release -p monel-fabric --example packet_speed [-- RING_ENDPOINTS [A2A_ENDPOINTS]]`
 
 use std::time::Instant;
 
@@ -10,9 +11,13 @@ use monel_ccl::plan::{Algorithm, Collective, schedule};
 use monel_fabric::*;
 
 fn main() {
-    let n: usize = std::env::args()
-        .nth(1)
-        .map_or(1024, |s| s.parse().expect("ENDPOINTS: a number"));
+    let arg = |i: usize, d: usize| {
+        std::env::args()
+            .nth(i)
+            .map_or(d, |s| s.parse().expect("ENDPOINTS: a number"))
+    };
+    let (ring_n, a2a_n) = (arg(1, 1024), arg(2, 128));
+    let n = ring_n.max(a2a_n);
     let per_leaf = 32;
     let cluster = LeafSpine {
         leaves: n.div_ceil(per_leaf),
@@ -26,7 +31,7 @@ fn main() {
     .map(Cluster::plain)
     .expect("a fabric");
     let p = PacketParams::roce(400e9);
-    let run = |name: &str, coll: Collective, algo: Algorithm, count: usize| {
+    let run = |name: &str, n: usize, coll: Collective, algo: Algorithm, count: usize| {
         let jobs = vec![Job {
             gpus: (0..n).collect(),
             schedules: (0..n)
@@ -51,14 +56,16 @@ fn main() {
     };
     run(
         "ring allreduce 64 MiB",
+        ring_n,
         Collective::AllReduce(RedOp::Sum),
         Algorithm::Ring,
         16 << 20,
     );
     run(
         "all-to-all 64 MiB/rank",
+        a2a_n,
         Collective::AllToAll,
         Algorithm::Direct,
-        (16 << 20) / n,
+        (16 << 20) / a2a_n,
     );
 }

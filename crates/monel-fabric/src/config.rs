@@ -867,6 +867,16 @@ impl fmt::Display for Report {
                     .filter(|&l| fab.kind[l] != crate::topology::LinkKind::Host)
                     .count();
                 let longest = p.paused_s.iter().copied().fold(0.0, f64::max);
+                let util = p
+                    .fabric_utilization
+                    .map(|u| format!("{:.1}%", 100.0 * u))
+                    .unwrap_or_else(|| "n/a (one switch)".into());
+                writeln!(
+                    f,
+                    "  links: switch-to-switch utilization {util}; ECMP: at most {} QPs on one \
+                     link",
+                    p.max_qps_per_fabric_link
+                )?;
                 writeln!(
                     f,
                     "  PFC: {} pause frames, {} of {switch_links} links paused (longest {:.3} ms \
@@ -980,7 +990,12 @@ impl From<&Report> for SweepRow {
             step_s: r.step.as_ref().map(|s| s.step_s),
             exposed_s: r.step.as_ref().map(|s| s.exposed_s),
             cost_per_gpu: r.cost.as_ref().map(|c| c.per_gpu),
-            utilization: r.outcome.stats.as_ref().and_then(|s| s.fabric_utilization),
+            utilization: r
+                .outcome
+                .stats
+                .as_ref()
+                .and_then(|s| s.fabric_utilization)
+                .or_else(|| r.outcome.packet.as_ref().and_then(|p| p.fabric_utilization)),
             max_flows_per_link: r
                 .outcome
                 .stats

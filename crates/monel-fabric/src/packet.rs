@@ -28,7 +28,8 @@
 //! Not modelled: ACK traffic (lossless fabrics need no retransmission, and ACKs are small),
 //! go-back-N's waste after a drop, priorities other than the CNP's.
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::fmt;
 
 use monel_rc::Instant;
@@ -315,6 +316,11 @@ pub struct PacketReport {
     pub link_bytes: Vec<u64>,
     /// QPs (rank pairs or flows) that sent across links.
     pub qps: usize,
+    /// Most QPs whose path crosses one switch-to-switch link (ECMP collisions).
+    pub max_qps_per_fabric_link: usize,
+    /// Busy fraction of switch-to-switch links over the run, averaged over those links
+    /// (`None` without such links).
+    pub fabric_utilization: Option<f64>,
     /// Periodic samples, when asked for.
     pub samples: Vec<Sample>,
 }
@@ -378,8 +384,10 @@ struct Link {
     ingress_bytes: u64,
     credits: i64,
     wake_at: u64,
-    active: Vec<u32>,
-    rr: usize,
+    /// QPs starting here whose rate allows a packet, in round-robin order.
+    ready: VecDeque<u32>,
+    /// QPs starting here waiting for their rate, by when (stale entries skipped).
+    waiting: BinaryHeap<Reverse<(u64, u32)>>,
     tx_bytes: u64,
 }
 
@@ -391,6 +399,8 @@ struct Qp {
     cc: Option<Dcqcn>,
     pending: VecDeque<(u32, u64)>,
     active: bool,
+    /// When it waits for its rate, the time of its valid `waiting` entry.
+    waiting_due: u64,
     last_cnp: u64,
     timer_at: u64,
     reverse_ps: u64,
@@ -476,8 +486,8 @@ impl<'a> Sim<'a> {
                     ingress_bytes: 0,
                     credits: credits as i64,
                     wake_at: NEVER,
-                    active: Vec::new(),
-                    rr: 0,
+                    ready: VecDeque::new(),
+                    waiting: BinaryHeap::new(),
                     tx_bytes: 0,
                 }
             })
@@ -582,6 +592,7 @@ impl<'a> Sim<'a> {
                     cc,
                     pending: VecDeque::new(),
                     active: false,
+                    waiting_due: NEVER,
                     last_cnp: 0,
                     timer_at: NEVER,
                     reverse_ps: ps(self.cluster.latency(&path)),
@@ -618,9 +629,33 @@ impl<'a> Sim<'a> {
         let src = self.paths[q.path as usize][0] as usize;
         if !q.active {
             q.active = true;
-            self.links[src].active.push(qp);
+            self.line_up(src, qp);
         }
         self.kick(src);
+    }
+
+    /// Puts an active QP in its link's ready list, or its waiting heap until its rate allows.
+    fn line_up(&mut self, l: usize, qp: u32) {
+        let due = self.due[qp as usize];
+        let q = &mut self.qps[qp as usize];
+        let link = &mut self.links[l];
+        if due <= self.now {
+            q.waiting_due = NEVER;
+            link.ready.push_back(qp);
+        } else {
+            q.waiting_due = due;
+            link.waiting.push(Reverse((due, qp)));
+        }
+    }
+
+    /// `qp`'s rate changed: re-files it if it waits.
+    fn rate_changed(&mut self, qp: u32) {
+        self.refresh_due(qp);
+        let q = &self.qps[qp as usize];
+        if q.active && q.waiting_due != NEVER && q.waiting_due != self.due[qp as usize] {
+            let src = self.source(qp);
+            self.line_up(src, qp);
+        }
     }
 
     /// Starts the next transmission on link `l` if it can.
@@ -652,38 +687,48 @@ impl<'a> Sim<'a> {
             self.transmit(l, pk);
             return;
         }
-        if link.active.is_empty() {
-            return;
-        }
-        // The NIC picks the next QP, round-robin, whose rate allows a packet now.
-        let now_ns = Instant::from_nanos(self.now / 1000);
-        let n = link.active.len();
-        let mut earliest = NEVER;
-        let mut pick = None;
-        for i in 0..n {
-            let k = (link.rr + i) % n;
-            let due = self.due[link.active[k] as usize];
-            if due <= self.now {
-                pick = Some(k);
+        // The NIC serves its QPs round-robin, each when its rate allows.
+        let now = self.now;
+        let link = &mut self.links[l];
+        while let Some(&Reverse((due, qp))) = link.waiting.peek() {
+            if due > now {
                 break;
             }
-            earliest = earliest.min(due);
-        }
-        let Some(k) = pick else {
-            if earliest != NEVER && self.links[l].wake_at != earliest {
-                self.links[l].wake_at = earliest;
-                self.push(earliest, Kind::Wake(l as u32));
+            link.waiting.pop();
+            let q = &mut self.qps[qp as usize];
+            if q.active && q.waiting_due == due {
+                q.waiting_due = NEVER;
+                link.ready.push_back(qp);
             }
-            return;
+        }
+        let qp = loop {
+            let Some(&qp) = self.links[l].ready.front() else {
+                let next = self.links[l].waiting.peek().map(|r| r.0.0);
+                if let Some(at) = next
+                    && self.links[l].wake_at != at
+                {
+                    self.links[l].wake_at = at;
+                    self.push(at, Kind::Wake(l as u32));
+                }
+                return;
+            };
+            if self.due[qp as usize] <= now {
+                break qp;
+            }
+            // Its rate was cut since it lined up.
+            self.links[l].ready.pop_front();
+            self.line_up(l, qp);
         };
-        let qp = link.active[k];
+        let now_ns = Instant::from_nanos(now / 1000);
         let q = &self.qps[qp as usize];
         let (msg, left) = *q.pending.front().expect("active QPs have bytes");
         let payload = left.min(u64::from(self.p.mtu)) as u32;
         let wire = payload + self.p.header_bytes;
+        let link = &self.links[l];
         if link.fc == FlowControl::Credits && link.credits < i64::from(wire) {
             return;
         }
+        self.links[l].ready.pop_front();
         let path = q.path;
         let q = &mut self.qps[qp as usize];
         if let Some(c) = q.cc.as_mut() {
@@ -695,17 +740,11 @@ impl<'a> Sim<'a> {
         if front.1 == 0 {
             q.pending.pop_front();
         }
-        let link = &mut self.links[l];
         if q.pending.is_empty() {
             q.active = false;
-            link.active.remove(k);
-            link.rr = if link.active.is_empty() {
-                0
-            } else {
-                k % link.active.len()
-            };
+            q.waiting_due = NEVER;
         } else {
-            link.rr = (k + 1) % link.active.len();
+            self.line_up(l, qp);
         }
         let pkt = Pkt {
             qp,
@@ -1032,7 +1071,7 @@ impl<'a> Sim<'a> {
                     if let Some(c) = self.qps[qp as usize].cc.as_mut() {
                         c.on_cnp(now);
                     }
-                    self.refresh_due(qp);
+                    self.rate_changed(qp);
                     self.arm(qp);
                 }
                 Kind::CcTimer(qp) => {
@@ -1045,7 +1084,7 @@ impl<'a> Sim<'a> {
                     if let Some(c) = self.qps[qp as usize].cc.as_mut() {
                         c.handle_timeout(now);
                     }
-                    self.refresh_due(qp);
+                    self.rate_changed(qp);
                     self.arm(qp);
                     let src = self.source(qp);
                     self.kick(src);
@@ -1092,6 +1131,27 @@ impl<'a> Sim<'a> {
             .collect();
         self.out.link_bytes = self.links.iter().map(|l| l.tx_bytes).collect();
         self.out.qps = self.qps.len();
+        let f = &self.cluster.fabric;
+        let fabric: Vec<usize> = (0..f.links())
+            .filter(|&l| f.kind[l] == LinkKind::Fabric)
+            .collect();
+        let mut per_link: HashMap<u32, usize> = HashMap::new();
+        for q in &self.qps {
+            for &l in &self.paths[q.path as usize] {
+                if f.kind[l as usize] == LinkKind::Fabric {
+                    *per_link.entry(l).or_default() += 1;
+                }
+            }
+        }
+        self.out.max_qps_per_fabric_link = per_link.values().copied().max().unwrap_or(0);
+        let time = self.out.time_s;
+        if !fabric.is_empty() && time > 0.0 {
+            let busy: f64 = fabric
+                .iter()
+                .map(|&l| self.links[l].tx_bytes as f64 * 8.0 / (f.capacity[l] * time))
+                .sum();
+            self.out.fabric_utilization = Some(busy / fabric.len() as f64);
+        }
         if let Driver::Flows { done, .. } = &mut self.driver {
             self.out.flow_done_s = std::mem::take(done);
         }

@@ -328,6 +328,20 @@ fn adaptive_routing_avoids_ecmp_collisions() {
         worst(&ar)
     );
     assert_eq!(ar.bytes, 8 * bytes);
+    // The report sees the collision and the idle spines it leaves.
+    assert!(
+        ecmp.max_qps_per_fabric_link >= 2,
+        "{}",
+        ecmp.max_qps_per_fabric_link
+    );
+    let (u_ecmp, u_ar) = (
+        ecmp.fabric_utilization.unwrap(),
+        ar.fabric_utilization.unwrap(),
+    );
+    assert!(
+        u_ar > u_ecmp && u_ar <= 1.0,
+        "utilization {u_ecmp} with ECMP, {u_ar} with AR"
+    );
 }
 
 #[test]
