@@ -835,11 +835,12 @@ impl fmt::Display for Report {
                 _ => "lockstep",
             }
         )?;
+        let utilization = |u: Option<f64>| {
+            u.map(|u| format!("{:.1}%", 100.0 * u))
+                .unwrap_or_else(|| "n/a (one switch)".into())
+        };
         if let Some(s) = &o.stats {
-            let util = s
-                .fabric_utilization
-                .map(|u| format!("{:.1}%", 100.0 * u))
-                .unwrap_or_else(|| "n/a (one switch)".into());
+            let util = utilization(s.fabric_utilization);
             writeln!(
                 f,
                 "  links: switch-to-switch utilization {util}; ECMP: at most {} flows on one \
@@ -867,10 +868,7 @@ impl fmt::Display for Report {
                     .filter(|&l| fab.kind[l] != crate::topology::LinkKind::Host)
                     .count();
                 let longest = p.paused_s.iter().copied().fold(0.0, f64::max);
-                let util = p
-                    .fabric_utilization
-                    .map(|u| format!("{:.1}%", 100.0 * u))
-                    .unwrap_or_else(|| "n/a (one switch)".into());
+                let util = utilization(p.fabric_utilization);
                 writeln!(
                     f,
                     "  links: switch-to-switch utilization {util}; ECMP: at most {} QPs on one \

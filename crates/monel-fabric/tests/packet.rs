@@ -6,19 +6,8 @@ use monel_ccl::RedOp;
 use monel_ccl::plan::{Algorithm, Collective, schedule};
 use monel_fabric::*;
 
-fn one_switch(hosts: usize, bps: f64, lat: f64) -> Cluster {
-    LeafSpine {
-        leaves: 1,
-        hosts_per_leaf: hosts,
-        spines: 0,
-        host_link_bps: bps,
-        spine_link_bps: bps,
-        link_latency_s: lat,
-    }
-    .build()
-    .map(Cluster::plain)
-    .unwrap()
-}
+mod common;
+use common::one_switch;
 
 fn flow(from: usize, to: usize, bytes: u64, start_s: f64) -> Flow {
     Flow {

@@ -6,6 +6,9 @@ use monel_ccl::RedOp;
 use monel_ccl::plan::{Algorithm, Collective, schedule};
 use monel_fabric::*;
 
+mod common;
+use common::one_switch;
+
 fn schedules(
     coll: Collective,
     algo: Algorithm,
@@ -24,20 +27,6 @@ fn jobs(place: &[usize], scheds: Vec<monel_ccl::schedule::Schedule>) -> Vec<Job>
         rail: None,
         elem_bytes: 4,
     }]
-}
-
-fn one_switch(hosts: usize, bps: f64, lat: f64) -> Cluster {
-    LeafSpine {
-        leaves: 1,
-        hosts_per_leaf: hosts,
-        spines: 0,
-        host_link_bps: bps,
-        spine_link_bps: bps,
-        link_latency_s: lat,
-    }
-    .build()
-    .map(Cluster::plain)
-    .unwrap()
 }
 
 #[test]
