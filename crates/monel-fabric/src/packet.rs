@@ -447,6 +447,11 @@ struct Sim<'a> {
     scratch: Vec<LinkId>,
 }
 
+/// When a DCQCN pacer next allows a packet, picoseconds (0: now).
+fn due_ps(c: &Dcqcn) -> u64 {
+    c.next_send_time().map_or(0, |t| t.as_nanos() * 1000)
+}
+
 fn ps(s: f64) -> u64 {
     (s * 1e12).round() as u64
 }
@@ -612,11 +617,7 @@ impl<'a> Sim<'a> {
 
     /// Caches when `qp`'s rate next lets it send (its rate changed, or it sent).
     fn refresh_due(&mut self, qp: u32) {
-        self.due[qp as usize] = self.qps[qp as usize]
-            .cc
-            .as_ref()
-            .and_then(|c| c.next_send_time())
-            .map_or(0, |t| t.as_nanos() * 1000);
+        self.due[qp as usize] = self.qps[qp as usize].cc.as_ref().map_or(0, due_ps);
     }
 
     fn enqueue_bytes(&mut self, qp: u32, msg: u32, bytes: u64, front: bool) {
@@ -733,7 +734,7 @@ impl<'a> Sim<'a> {
         let q = &mut self.qps[qp as usize];
         if let Some(c) = q.cc.as_mut() {
             c.on_sent(now_ns, wire as usize);
-            self.due[qp as usize] = c.next_send_time().map_or(0, |t| t.as_nanos() * 1000);
+            self.due[qp as usize] = due_ps(c);
         }
         let front = q.pending.front_mut().expect("checked");
         front.1 -= u64::from(payload);

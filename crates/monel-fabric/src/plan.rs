@@ -276,17 +276,6 @@ impl Placed<'_> {
             })
             .collect()
     }
-
-    /// Bytes all ranks send, from the schedules' own counts.
-    fn sent_bytes(&self) -> Result<u64, PlanError> {
-        let mut total = 0u64;
-        for &count in &self.counts {
-            for r in 0..self.n {
-                total += (self.sched(count, r)?.sent_elems() * self.spec.elem_bytes) as u64;
-            }
-        }
-        Ok(total)
-    }
 }
 
 fn ranks_of(cluster: &Cluster, spec: &CollectiveSpec) -> Result<usize, PlanError> {
@@ -444,10 +433,19 @@ pub fn run_scenario(
                 .packet
                 .clone()
                 .unwrap_or_else(|| PacketParams::for_fabric(&cluster.fabric));
-            let mut bytes = 0;
+            let mut jobs = Vec::new();
             for p in &all {
-                bytes += p.sent_bytes()?;
+                jobs.extend(p.jobs()?);
             }
+            // What every rank sends, from the schedules' own counts.
+            let bytes: u64 = jobs
+                .iter()
+                .flat_map(|j| {
+                    j.schedules
+                        .iter()
+                        .map(|s| (s.sent_elems() * j.elem_bytes) as u64)
+                })
+                .sum();
             let packets = bytes / u64::from(params.mtu.max(1));
             if packets > PACKET_ENGINE_MAX_PACKETS {
                 return Err(invalid(
@@ -458,10 +456,6 @@ pub fn run_scenario(
                          fewer GPUs, or the flow-level engines (auto)"
                     ),
                 ));
-            }
-            let mut jobs = Vec::new();
-            for p in &all {
-                jobs.extend(p.jobs()?);
             }
             let r = simulate_jobs(cluster, &jobs, &params, overhead_s).map_err(|e| match e {
                 PacketError::Invalid { field, why } => invalid(field, why),
