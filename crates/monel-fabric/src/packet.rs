@@ -31,6 +31,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::fmt;
+use std::sync::Arc;
 
 use monel_rc::Instant;
 use monel_rc::congestion::{Controller, Dcqcn, DcqcnParams};
@@ -338,7 +339,8 @@ const NEVER: u64 = u64::MAX;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     TxDone(u32),
-    Arrive(u32),
+    /// A packet reaches the head of the link it crosses (packets travel in their events).
+    Arrive(Pkt),
     /// A pause (odd generation) or resume (even) frame; the newest generation wins.
     Pfc(u32, u32),
     Credit(u32, u32),
@@ -351,7 +353,7 @@ enum Kind {
     Sample,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Pkt {
     qp: u32,
     msg: u32,
@@ -373,7 +375,7 @@ struct Link {
     head: usize,
     from_switch: bool,
     busy: bool,
-    queue: VecDeque<u32>,
+    queue: VecDeque<Pkt>,
     queued: u64,
     paused: bool,
     paused_since: u64,
@@ -391,20 +393,29 @@ struct Link {
     tx_bytes: u64,
 }
 
+/// What the NIC's scheduler touches for every packet a QP sends; the rest is in [`QpInfo`]
+/// and its DCQCN state in `Sim::cc`, so that thousands of QPs stay in cache.
 struct Qp {
     path: u32,
-    src_ep: usize,
-    dst_ep: usize,
-    sport: u16,
-    cc: Option<Dcqcn>,
-    pending: VecDeque<(u32, u64)>,
+    /// The message it is sending, and that message's bytes still to send.
+    head: u32,
+    left: u64,
     active: bool,
     /// When it waits for its rate, the time of its valid `waiting` entry.
     waiting_due: u64,
+    delivered: u64,
+}
+
+/// A QP's colder state: touched when a message ends, on CNPs and timers.
+struct QpInfo {
+    src_ep: usize,
+    dst_ep: usize,
+    sport: u16,
+    /// Messages (and resends) queued behind the head.
+    more: VecDeque<(u32, u64)>,
     last_cnp: u64,
     timer_at: u64,
     reverse_ps: u64,
-    delivered: u64,
     sampled: u64,
 }
 
@@ -428,16 +439,19 @@ struct Sim<'a> {
     links: Vec<Link>,
     used: Vec<u64>,
     buffer: Vec<u64>,
-    paths: Vec<Vec<u32>>,
+    /// Every path's links, one after another, each path ended by `NONE`; a path's id is
+    /// where it starts (so a hop is one lookup).
+    hops: Vec<u32>,
     interned: HashMap<Vec<u32>, u32>,
     qps: Vec<Qp>,
+    info: Vec<QpInfo>,
+    cc: Vec<Option<Dcqcn>>,
+    dcqcn: Option<Arc<DcqcnParams>>,
     /// When each QP's rate next lets it send, picoseconds.
     due: Vec<u64>,
     tails: Vec<usize>,
     qp_of: HashMap<(usize, usize, usize), u32>,
     msgs: Vec<Msg>,
-    pkts: Vec<Pkt>,
-    free: Vec<u32>,
     rng: u64,
     overhead_ps: u64,
     driver: Driver<'a>,
@@ -514,15 +528,16 @@ impl<'a> Sim<'a> {
             links,
             used: vec![0; f.nodes()],
             buffer,
-            paths: Vec::new(),
+            hops: Vec::new(),
             interned: HashMap::new(),
             qps: Vec::new(),
+            info: Vec::new(),
+            cc: Vec::new(),
+            dcqcn: p.dcqcn.map(Arc::new),
             due: Vec::new(),
             tails,
             qp_of: HashMap::new(),
             msgs: Vec::new(),
-            pkts: Vec::new(),
-            free: Vec::new(),
             rng: p.seed ^ 0x9e37_79b9_7f4a_7c15,
             overhead_ps: ps(overhead_s),
             driver,
@@ -551,8 +566,9 @@ impl<'a> Sim<'a> {
         if let Some(&id) = self.interned.get(&key) {
             return id;
         }
-        let id = self.paths.len() as u32;
-        self.paths.push(key.clone());
+        let id = self.hops.len() as u32;
+        self.hops.extend_from_slice(&key);
+        self.hops.push(NONE);
         self.interned.insert(key, id);
         id
     }
@@ -586,23 +602,29 @@ impl<'a> Sim<'a> {
                     .filter(|&l| f.kind[l] != LinkKind::Host)
                     .collect();
                 let tails_src = fabric.first().map(|&l| self.tails[l]);
-                let cc = self.p.dcqcn.filter(|_| !fabric.is_empty()).map(Dcqcn::new);
+                let cc = (self.dcqcn.as_ref())
+                    .filter(|_| !fabric.is_empty())
+                    .map(|p| Dcqcn::shared(p.clone()));
                 let q = self.qps.len() as u32;
                 let pid = self.intern(&path);
-                self.qps.push(Qp {
-                    path: pid,
+                self.info.push(QpInfo {
                     src_ep: tails_src.unwrap_or(usize::MAX),
                     dst_ep: fabric.last().map_or(usize::MAX, |&l| f.head(l)),
                     sport: m.sport,
-                    cc,
-                    pending: VecDeque::new(),
-                    active: false,
-                    waiting_due: NEVER,
+                    more: VecDeque::new(),
                     last_cnp: 0,
                     timer_at: NEVER,
                     reverse_ps: ps(self.cluster.latency(&path)),
-                    delivered: 0,
                     sampled: 0,
+                });
+                self.cc.push(cc);
+                self.qps.push(Qp {
+                    path: pid,
+                    head: NONE,
+                    left: 0,
+                    active: false,
+                    waiting_due: NEVER,
+                    delivered: 0,
                 });
                 self.qp_of.insert(key, q);
                 self.due.push(0);
@@ -617,18 +639,22 @@ impl<'a> Sim<'a> {
 
     /// Caches when `qp`'s rate next lets it send (its rate changed, or it sent).
     fn refresh_due(&mut self, qp: u32) {
-        self.due[qp as usize] = self.qps[qp as usize].cc.as_ref().map_or(0, due_ps);
+        self.due[qp as usize] = self.cc[qp as usize].as_ref().map_or(0, due_ps);
     }
 
     fn enqueue_bytes(&mut self, qp: u32, msg: u32, bytes: u64, front: bool) {
         let q = &mut self.qps[qp as usize];
-        if front {
-            q.pending.push_front((msg, bytes));
+        let src = self.hops[q.path as usize] as usize;
+        if q.active {
+            let more = &mut self.info[qp as usize].more;
+            if front {
+                more.push_front((q.head, q.left));
+                (q.head, q.left) = (msg, bytes);
+            } else {
+                more.push_back((msg, bytes));
+            }
         } else {
-            q.pending.push_back((msg, bytes));
-        }
-        let src = self.paths[q.path as usize][0] as usize;
-        if !q.active {
+            (q.head, q.left) = (msg, bytes);
             q.active = true;
             self.line_up(src, qp);
         }
@@ -665,13 +691,13 @@ impl<'a> Sim<'a> {
         if link.busy || link.paused {
             return;
         }
-        if let Some(&pk) = link.queue.front() {
-            let wire = self.pkts[pk as usize].wire;
+        if let Some(pk) = link.queue.front() {
+            let wire = pk.wire;
             if link.fc == FlowControl::Credits && link.credits < i64::from(wire) {
                 return;
             }
             let link = &mut self.links[l];
-            link.queue.pop_front();
+            let mut pk = link.queue.pop_front().expect("checked");
             let before = link.queued;
             link.queued -= u64::from(wire);
             if link.from_switch
@@ -679,12 +705,11 @@ impl<'a> Sim<'a> {
             {
                 let prob = e.probability(before);
                 if prob > 0.0 && (prob >= 1.0 || self.random() < prob) {
-                    self.pkts[pk as usize].ecn = true;
+                    pk.ecn = true;
                     self.out.ecn_marks += 1;
                 }
             }
-            let ingress = self.pkts[pk as usize].ingress;
-            self.release(ingress as usize, wire);
+            self.release(pk.ingress as usize, wire);
             self.transmit(l, pk);
             return;
         }
@@ -722,7 +747,7 @@ impl<'a> Sim<'a> {
         };
         let now_ns = Instant::from_nanos(now / 1000);
         let q = &self.qps[qp as usize];
-        let (msg, left) = *q.pending.front().expect("active QPs have bytes");
+        let (msg, left) = (q.head, q.left);
         let payload = left.min(u64::from(self.p.mtu)) as u32;
         let wire = payload + self.p.header_bytes;
         let link = &self.links[l];
@@ -731,21 +756,25 @@ impl<'a> Sim<'a> {
         }
         self.links[l].ready.pop_front();
         let path = q.path;
-        let q = &mut self.qps[qp as usize];
-        if let Some(c) = q.cc.as_mut() {
+        if let Some(c) = self.cc[qp as usize].as_mut() {
             c.on_sent(now_ns, wire as usize);
             self.due[qp as usize] = due_ps(c);
         }
-        let front = q.pending.front_mut().expect("checked");
-        front.1 -= u64::from(payload);
-        if front.1 == 0 {
-            q.pending.pop_front();
-        }
-        if q.pending.is_empty() {
+        let q = &mut self.qps[qp as usize];
+        q.left -= u64::from(payload);
+        let more = q.left > 0
+            || match self.info[qp as usize].more.pop_front() {
+                Some(next) => {
+                    (q.head, q.left) = next;
+                    true
+                }
+                None => false,
+            };
+        if more {
+            self.line_up(l, qp);
+        } else {
             q.active = false;
             q.waiting_due = NEVER;
-        } else {
-            self.line_up(l, qp);
         }
         let pkt = Pkt {
             qp,
@@ -757,22 +786,12 @@ impl<'a> Sim<'a> {
             ecn: false,
             ingress: NONE,
         };
-        let id = match self.free.pop() {
-            Some(i) => {
-                self.pkts[i as usize] = pkt;
-                i
-            }
-            None => {
-                self.pkts.push(pkt);
-                (self.pkts.len() - 1) as u32
-            }
-        };
         self.out.packets += 1;
-        self.transmit(l, id);
+        self.transmit(l, pkt);
     }
 
-    fn transmit(&mut self, l: usize, pk: u32) {
-        let wire = self.pkts[pk as usize].wire;
+    fn transmit(&mut self, l: usize, pk: Pkt) {
+        let wire = pk.wire;
         let link = &mut self.links[l];
         link.busy = true;
         if link.fc == FlowControl::Credits {
@@ -854,23 +873,20 @@ impl<'a> Sim<'a> {
         true
     }
 
-    fn arrive(&mut self, pk: u32) {
-        let p = self.pkts[pk as usize];
-        let path = &self.paths[p.path as usize];
-        let l = path[p.hop as usize] as usize;
+    fn arrive(&mut self, mut p: Pkt) {
+        let at = p.path as usize + p.hop as usize;
+        let (l, next) = (self.hops[at] as usize, self.hops[at + 1]);
         let hop = p.hop as usize + 1;
-        let following = path.get(hop).map(|&x| x as usize);
-        let Some(mut next) = following else {
+        if next == NONE {
             // At the receiving GPU.
             if self.links[l].fc == FlowControl::Credits {
                 let at = self.now + self.links[l].latency_ps;
                 self.push(at, Kind::Credit(l as u32, p.wire));
             }
-            self.free.push(pk);
-            let q = &mut self.qps[p.qp as usize];
-            q.delivered += u64::from(p.payload);
+            self.qps[p.qp as usize].delivered += u64::from(p.payload);
             self.out.bytes += u64::from(p.payload);
-            if p.ecn && q.cc.is_some() {
+            if p.ecn && self.cc[p.qp as usize].is_some() {
+                let q = &mut self.info[p.qp as usize];
                 let gap = self
                     .p
                     .dcqcn
@@ -890,27 +906,26 @@ impl<'a> Sim<'a> {
             }
             return;
         };
+        let mut next = next as usize;
         if !self.admit(l, p.wire) {
-            self.free.push(pk);
             let at = self.now + ps(self.p.rto_s);
             self.push(at, Kind::Resend(p.qp, p.msg, p.payload));
             return;
         }
         if self.p.adaptive_routing {
-            next = self.adapt(pk, l, hop, next);
+            next = self.adapt(&mut p, l, hop, next);
         }
-        let p = &mut self.pkts[pk as usize];
         p.hop = hop as u16;
         p.ingress = l as u32;
         let link = &mut self.links[next];
-        link.queue.push_back(pk);
+        link.queue.push_back(p);
         link.queued += u64::from(p.wire);
         self.out.max_queue_bytes = self.out.max_queue_bytes.max(link.queued);
         self.kick(next);
     }
 
     /// Adaptive routing at the node `l` leads to: the least-loaded uplink, if `next` is one.
-    fn adapt(&mut self, pk: u32, l: usize, hop: usize, next: usize) -> usize {
+    fn adapt(&mut self, p: &mut Pkt, l: usize, hop: usize, next: usize) -> usize {
         let f = &self.cluster.fabric;
         let node = self.links[l].head;
         if node == usize::MAX {
@@ -929,9 +944,8 @@ impl<'a> Sim<'a> {
         if best == next {
             return next;
         }
-        let p = self.pkts[pk as usize];
-        let q = &self.qps[p.qp as usize];
-        let old = &self.paths[p.path as usize];
+        let q = &self.info[p.qp as usize];
+        let old = self.path(p.path);
         let mut path: Vec<LinkId> = old[..hop].iter().map(|&x| x as usize).collect();
         path.push(best);
         f.route_from(f.head(best), q.src_ep, q.dst_ep, q.sport, &mut path);
@@ -941,27 +955,38 @@ impl<'a> Sim<'a> {
             path.push(last as usize);
         }
         let id = self.intern(&path);
-        self.pkts[pk as usize].path = id;
+        p.path = id;
         best
     }
 
+    /// When `qp`'s DCQCN timer is due, picoseconds.
+    fn timer_due(&self, qp: u32) -> u64 {
+        self.cc[qp as usize]
+            .as_ref()
+            .and_then(|c| c.poll_timeout())
+            .map_or(NEVER, |t| (t.as_nanos() * 1000).max(self.now))
+    }
+
+    /// Makes sure a timer event wakes `qp` no later than its DCQCN timer is due. A timer
+    /// that moved later keeps its earlier event (which then finds nothing due and re-arms),
+    /// so each QP has about one event in the queue instead of one per rate cut.
     fn arm(&mut self, qp: u32) {
-        let q = &mut self.qps[qp as usize];
-        let Some(c) = q.cc.as_ref() else { return };
-        match c.poll_timeout() {
-            Some(t) => {
-                let at = (t.as_nanos() * 1000).max(self.now);
-                if at != q.timer_at {
-                    q.timer_at = at;
-                    self.push(at, Kind::CcTimer(qp));
-                }
-            }
-            None => q.timer_at = NEVER,
+        let at = self.timer_due(qp);
+        let q = &mut self.info[qp as usize];
+        if at < q.timer_at {
+            q.timer_at = at;
+            self.push(at, Kind::CcTimer(qp));
         }
     }
 
+    /// The links of path `id`.
+    fn path(&self, id: u32) -> &[u32] {
+        let rest = &self.hops[id as usize..];
+        &rest[..rest.iter().position(|&l| l == NONE).expect("ended")]
+    }
+
     fn source(&self, qp: u32) -> usize {
-        self.paths[self.qps[qp as usize].path as usize][0] as usize
+        self.hops[self.qps[qp as usize].path as usize] as usize
     }
 
     fn deliver(&mut self, msg: u32, posted: &mut Vec<Message>) {
@@ -1006,12 +1031,12 @@ impl<'a> Sim<'a> {
             rate_bps: Vec::with_capacity(self.qps.len()),
             goodput_bps: Vec::with_capacity(self.qps.len()),
         };
-        for q in &mut self.qps {
-            let line = q.cc.as_ref().map_or(0.0, |c| c.rate_bps());
+        for ((q, i), c) in self.qps.iter().zip(&mut self.info).zip(&self.cc) {
+            let line = c.as_ref().map_or(0.0, |c| c.rate_bps());
             s.rate_bps.push(line);
             s.goodput_bps
-                .push((q.delivered - q.sampled) as f64 * 8.0 / dt);
-            q.sampled = q.delivered;
+                .push((q.delivered - i.sampled) as f64 * 8.0 / dt);
+            i.sampled = q.delivered;
         }
         self.out.samples.push(s);
     }
@@ -1069,20 +1094,26 @@ impl<'a> Sim<'a> {
                 }
                 Kind::Cnp(qp) => {
                     let now = Instant::from_nanos(self.now / 1000);
-                    if let Some(c) = self.qps[qp as usize].cc.as_mut() {
+                    if let Some(c) = self.cc[qp as usize].as_mut() {
                         c.on_cnp(now);
                     }
                     self.rate_changed(qp);
                     self.arm(qp);
                 }
                 Kind::CcTimer(qp) => {
-                    if self.qps[qp as usize].timer_at != t {
+                    if self.info[qp as usize].timer_at != t {
                         self.out.events -= 1;
                         continue;
                     }
-                    self.qps[qp as usize].timer_at = NEVER;
+                    self.info[qp as usize].timer_at = NEVER;
+                    if self.timer_due(qp) > t {
+                        // Early: its timer moved later since this was queued.
+                        self.out.events -= 1;
+                        self.arm(qp);
+                        continue;
+                    }
                     let now = Instant::from_nanos(self.now / 1000);
-                    if let Some(c) = self.qps[qp as usize].cc.as_mut() {
+                    if let Some(c) = self.cc[qp as usize].as_mut() {
                         c.handle_timeout(now);
                     }
                     self.rate_changed(qp);
@@ -1138,7 +1169,7 @@ impl<'a> Sim<'a> {
             .collect();
         let mut per_link: HashMap<u32, usize> = HashMap::new();
         for q in &self.qps {
-            for &l in &self.paths[q.path as usize] {
+            for &l in self.path(q.path) {
                 if f.kind[l as usize] == LinkKind::Fabric {
                     *per_link.entry(l).or_default() += 1;
                 }

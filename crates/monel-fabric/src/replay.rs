@@ -204,6 +204,10 @@ pub(crate) struct Progress<'a> {
     base: Vec<usize>,
     pc: Vec<usize>,
     need: Vec<HashMap<usize, usize>>,
+    /// Messages each rank still waits for in its current step.
+    waiting: Vec<usize>,
+    /// Whether each rank posted its current step.
+    started: Vec<bool>,
     arrived: HashMap<(usize, usize), usize>,
     finished: Vec<bool>,
     done: usize,
@@ -240,6 +244,8 @@ impl<'a> Progress<'a> {
             base,
             pc: vec![0; n],
             need: vec![HashMap::new(); n],
+            waiting: vec![0; n],
+            started: vec![false; n],
             arrived: HashMap::new(),
             finished: vec![false; n],
             done: 0,
@@ -276,7 +282,8 @@ impl<'a> Progress<'a> {
                     }
                     break;
                 };
-                if self.need[r].is_empty() {
+                if !self.started[r] {
+                    self.started[r] = true;
                     for op in &step.ops {
                         match *op {
                             Op::Send { peer, src } => out.push(Message {
@@ -290,33 +297,45 @@ impl<'a> Progress<'a> {
                                 rail: job.rail,
                             }),
                             Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => {
-                                *self.need[r].entry(self.base[j] + peer).or_default() += 1;
+                                let from = self.base[j] + peer;
+                                // Take what already arrived.
+                                match self.arrived.get_mut(&(from, r)) {
+                                    Some(a) if *a > 0 => *a -= 1,
+                                    _ => {
+                                        *self.need[r].entry(from).or_default() += 1;
+                                        self.waiting[r] += 1;
+                                    }
+                                }
                             }
                             _ => {}
                         }
                     }
                 }
-                // Take what already arrived.
-                let arrived = &mut self.arrived;
-                self.need[r].retain(|&peer, k| {
-                    let a = arrived.entry((peer, r)).or_default();
-                    let take = (*a).min(*k);
-                    *a -= take;
-                    *k -= take;
-                    *k > 0
-                });
-                if !self.need[r].is_empty() {
+                if self.waiting[r] > 0 {
                     break;
                 }
                 self.pc[r] += 1;
+                self.started[r] = false;
             }
         }
     }
 
     /// A message from `src` reached `dst`.
     pub(crate) fn deliver(&mut self, src: usize, dst: usize) {
-        *self.arrived.entry((src, dst)).or_default() += 1;
-        self.ready.push(dst);
+        match self.need[dst].get_mut(&src) {
+            Some(k) => {
+                *k -= 1;
+                if *k == 0 {
+                    self.need[dst].remove(&src);
+                }
+                self.waiting[dst] -= 1;
+                if self.waiting[dst] == 0 {
+                    self.ready.push(dst);
+                }
+            }
+            // Early: it belongs to a later step.
+            None => *self.arrived.entry((src, dst)).or_default() += 1,
+        }
     }
 
     /// Every rank finished.

@@ -15,6 +15,7 @@
 //! catches up for at most `pacing_slack`.
 
 use core::time::Duration;
+use std::sync::Arc;
 
 use super::{Controller, ControllerMetrics};
 use crate::time::{Instant, earliest};
@@ -104,7 +105,8 @@ impl DcqcnParams {
 /// DCQCN rate limiter state for one QP.
 #[derive(Debug, Clone)]
 pub struct Dcqcn {
-    p: DcqcnParams,
+    /// Shared: many QPs of one device (or one simulation) keep one copy hot in cache.
+    p: Arc<DcqcnParams>,
     rc: f64,
     rt: f64,
     alpha: f64,
@@ -127,6 +129,11 @@ pub struct Dcqcn {
 impl Dcqcn {
     /// A controller sending at line rate until the first CNP.
     pub fn new(p: DcqcnParams) -> Self {
+        Self::shared(Arc::new(p))
+    }
+
+    /// Like [`Dcqcn::new`], with parameters shared by other controllers.
+    pub fn shared(p: Arc<DcqcnParams>) -> Self {
         Self {
             rc: p.line_rate_bps,
             rt: p.line_rate_bps,
