@@ -403,7 +403,6 @@ struct Qp {
     active: bool,
     /// When it waits for its rate, the time of its valid `waiting` entry.
     waiting_due: u64,
-    delivered: u64,
 }
 
 /// A QP's colder state: touched when a message ends, on CNPs and timers.
@@ -416,12 +415,13 @@ struct QpInfo {
     last_cnp: u64,
     timer_at: u64,
     reverse_ps: u64,
+    /// Payload bytes delivered (counted only when sampling), and at the last sample.
+    delivered: u64,
     sampled: u64,
 }
 
+/// A message's sending and receiving ranks (its bytes still to arrive are in `Sim::left`).
 struct Msg {
-    qp: u32,
-    remaining: u64,
     src: usize,
     dst: usize,
 }
@@ -452,6 +452,8 @@ struct Sim<'a> {
     tails: Vec<usize>,
     qp_of: HashMap<(usize, usize, usize), u32>,
     msgs: Vec<Msg>,
+    /// Each message's bytes still to arrive.
+    left: Vec<u64>,
     rng: u64,
     overhead_ps: u64,
     driver: Driver<'a>,
@@ -538,6 +540,7 @@ impl<'a> Sim<'a> {
             tails,
             qp_of: HashMap::new(),
             msgs: Vec::new(),
+            left: Vec::new(),
             rng: p.seed ^ 0x9e37_79b9_7f4a_7c15,
             overhead_ps: ps(overhead_s),
             driver,
@@ -580,11 +583,10 @@ impl<'a> Sim<'a> {
         self.cluster.route(m.from, m.to, m.rail, m.sport, &mut path);
         let id = self.msgs.len() as u32;
         self.msgs.push(Msg {
-            qp: NONE,
-            remaining: m.bytes,
             src: m.src,
             dst: m.dst,
         });
+        self.left.push(m.bytes);
         self.open += 1;
         if path.is_empty() || m.bytes == 0 {
             let at = self.now + ps(self.cluster.latency(&path)) + self.overhead_ps;
@@ -615,6 +617,7 @@ impl<'a> Sim<'a> {
                     last_cnp: 0,
                     timer_at: NEVER,
                     reverse_ps: ps(self.cluster.latency(&path)),
+                    delivered: 0,
                     sampled: 0,
                 });
                 self.cc.push(cc);
@@ -624,7 +627,6 @@ impl<'a> Sim<'a> {
                     left: 0,
                     active: false,
                     waiting_due: NEVER,
-                    delivered: 0,
                 });
                 self.qp_of.insert(key, q);
                 self.due.push(0);
@@ -632,7 +634,6 @@ impl<'a> Sim<'a> {
             }
         };
         self.scratch = path;
-        self.msgs[id as usize].qp = qp;
         self.enqueue_bytes(qp, id, m.bytes, false);
         true
     }
@@ -883,7 +884,9 @@ impl<'a> Sim<'a> {
                 let at = self.now + self.links[l].latency_ps;
                 self.push(at, Kind::Credit(l as u32, p.wire));
             }
-            self.qps[p.qp as usize].delivered += u64::from(p.payload);
+            if self.p.sample_s.is_some() {
+                self.info[p.qp as usize].delivered += u64::from(p.payload);
+            }
             self.out.bytes += u64::from(p.payload);
             if p.ecn && self.cc[p.qp as usize].is_some() {
                 let q = &mut self.info[p.qp as usize];
@@ -898,9 +901,9 @@ impl<'a> Sim<'a> {
                     self.push(at, Kind::Cnp(p.qp));
                 }
             }
-            let m = &mut self.msgs[p.msg as usize];
-            m.remaining -= u64::from(p.payload);
-            if m.remaining == 0 {
+            let left = &mut self.left[p.msg as usize];
+            *left -= u64::from(p.payload);
+            if *left == 0 {
                 let at = self.now + self.overhead_ps;
                 self.push(at, Kind::Deliver(p.msg));
             }
@@ -1031,12 +1034,12 @@ impl<'a> Sim<'a> {
             rate_bps: Vec::with_capacity(self.qps.len()),
             goodput_bps: Vec::with_capacity(self.qps.len()),
         };
-        for ((q, i), c) in self.qps.iter().zip(&mut self.info).zip(&self.cc) {
+        for (i, c) in self.info.iter_mut().zip(&self.cc) {
             let line = c.as_ref().map_or(0.0, |c| c.rate_bps());
             s.rate_bps.push(line);
             s.goodput_bps
-                .push((q.delivered - i.sampled) as f64 * 8.0 / dt);
-            i.sampled = q.delivered;
+                .push((i.delivered - i.sampled) as f64 * 8.0 / dt);
+            i.sampled = i.delivered;
         }
         self.out.samples.push(s);
     }
