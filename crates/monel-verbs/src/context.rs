@@ -60,6 +60,11 @@ pub struct ContextConfig {
     /// message, each segment's ICRC computed for the IPv4 ID the kernel will give it; and
     /// UDP GRO on receive. Falls back to plain datagrams if the kernel refuses.
     pub gso: bool,
+    /// Send-only UDP sockets per GID, on ports the kernel picks; each QP sends from one of
+    /// them, chosen by its QPN, so ECMP switches hashing the 5-tuple spread QPs over paths
+    /// (RoCE NICs and rxe give each QP its own source port). 0: every packet leaves from
+    /// `udp_port`. Receiving is always on `udp_port`. At most 256.
+    pub source_ports: usize,
 }
 
 impl Default for ContextConfig {
@@ -72,6 +77,7 @@ impl Default for ContextConfig {
             congestion: CongestionConfig::None,
             batch: 32,
             gso: true,
+            source_ports: 8,
         }
     }
 }

@@ -563,7 +563,7 @@ fn transmit_datagrams(
     tx: &mut TxBatch,
     mrs: &mut crate::mr::MrTable,
     counters: &mut crate::DeviceCounters,
-    pd: u32,
+    (qpn, pd): (u32, u32),
     ud: &mut monel_rc::UdQp,
 ) {
     let mem = PdMemory { table: mrs, pd };
@@ -581,14 +581,21 @@ fn transmit_datagrams(
             counters.tx_errors += 1;
             continue;
         };
-        let framing = framing_to(shared, si, peer, o.av.hop_limit);
-        queue_packet(tx, counters, &framing, si, peer, o.len);
+        let lane = shared.sockets.lane_of(si, qpn);
+        let framing = framing_to(shared, si, lane, peer, o.av.hop_limit);
+        queue_packet(tx, counters, &framing, (si, lane), peer, o.len);
     }
 }
 
 /// The IP/UDP framing of packets from socket `si` to `peer`.
-fn framing_to(shared: &DevShared, si: usize, peer: SocketAddr, hop_limit: u8) -> FrameRepr {
-    let local = shared.sockets.socks[si].local;
+fn framing_to(
+    shared: &DevShared,
+    si: usize,
+    lane: usize,
+    peer: SocketAddr,
+    hop_limit: u8,
+) -> FrameRepr {
+    let local = shared.sockets.sender(si, lane).local;
     FrameRepr {
         src: wire_ip(local.ip()),
         dst: wire_ip(peer.ip()),
@@ -607,11 +614,11 @@ fn queue_packet(
     tx: &mut TxBatch,
     counters: &mut crate::DeviceCounters,
     framing: &FrameRepr,
-    si: usize,
+    (si, lane): (usize, usize),
     peer: SocketAddr,
     len: usize,
 ) {
-    if tx.push(si, peer, len, *framing) {
+    if tx.push(si, lane, peer, len, *framing) {
         counters.tx_bytes += len as u64;
     } else {
         counters.tx_errors += 1;
@@ -642,7 +649,8 @@ fn service_slot(
         slot.qp.handle_timeout(t);
     }
     if let (true, Some((si, peer)), QpKind::Rc(rc)) = (transmit, slot.peer, &mut slot.qp) {
-        let framing = framing_to(shared, si, peer, rc.attr().ah_attr.hop_limit);
+        let lane = shared.sockets.lane_of(si, qpn);
+        let framing = framing_to(shared, si, lane, peer, rc.attr().ah_attr.hop_limit);
         let mem = PdMemory {
             table: mrs,
             pd: slot.pd,
@@ -655,11 +663,11 @@ fn service_slot(
             let Some(o) = rc.poll_transmit(t, &mut buf[TX_HEADROOM..], &mem) else {
                 break;
             };
-            queue_packet(tx, counters, &framing, si, peer, o.len);
+            queue_packet(tx, counters, &framing, (si, lane), peer, o.len);
         }
     }
     if let (true, QpKind::Ud(ud)) = (transmit, &mut slot.qp) {
-        transmit_datagrams(shared, tx, mrs, counters, slot.pd, ud);
+        transmit_datagrams(shared, tx, mrs, counters, (qpn, slot.pd), ud);
     }
     let mut wcs = Vec::new();
     while let Some(wc) = slot.qp.poll_send_completion() {

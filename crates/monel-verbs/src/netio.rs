@@ -1,5 +1,6 @@
 //! The I/O edge: one UDP socket per GID, batched with recvmmsg/sendmmsg, TOS/ECN carried in
-//! control messages. The only module of the soft RNIC that makes system calls.
+//! control messages, plus send-only sockets that give QPs their own UDP source ports. The
+//! only module of the soft RNIC that makes system calls.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::net::{IpAddr, SocketAddr, SocketAddrV6, UdpSocket};
@@ -22,6 +23,9 @@ use crate::gso::{self, Message};
 /// oversized packet is seen whole and dropped rather than truncated into something valid.
 pub(crate) const MAX_DATAGRAM: usize = 4096 + 256;
 
+/// Most send-only sockets per GID (`ContextConfig::source_ports`).
+pub(crate) const MAX_SOURCE_PORTS: usize = 256;
+
 /// One bound socket.
 #[derive(Debug)]
 pub(crate) struct Sock {
@@ -34,7 +38,12 @@ pub(crate) struct Sock {
 /// The device's sockets, indexed like its GID table.
 #[derive(Debug)]
 pub(crate) struct Sockets {
+    /// Bound to the RoCE port: everything is received here, and sent from here by default.
     pub(crate) socks: Vec<Sock>,
+    /// Per GID, send-only sockets on ports the kernel picked: a QP sends from one of them
+    /// (chosen by its QPN), so switches hashing the 5-tuple spread QPs over paths, as
+    /// RoCE NICs and rxe do with per-QP source ports. Empty when disabled.
+    pub(crate) lanes: Vec<Vec<Sock>>,
     /// The kernel may hand over coalesced datagrams (UDP GRO), up to 64 KiB at once.
     pub(crate) gro: bool,
 }
@@ -59,68 +68,115 @@ fn set_int(fd: RawFd, level: i32, name: i32, val: i32) -> std::io::Result<()> {
     }
 }
 
+/// Binds a socket at `ip`:`port` (0: any free port) with the RoCE socket options; returns it
+/// and whether the kernel takes UDP GRO on it (never on a `send_only` socket).
+fn open(
+    ip: IpAddr,
+    port: u16,
+    ifindex: u32,
+    config: &ContextConfig,
+    send_only: bool,
+) -> Result<(Sock, bool)> {
+    const V: &str = "ibv_open_device";
+    let addr = match ip {
+        IpAddr::V6(a) if is_link_local(&ip) => {
+            SocketAddr::V6(SocketAddrV6::new(a, port, 0, ifindex))
+        }
+        _ => SocketAddr::new(ip, port),
+    };
+    let udp = UdpSocket::bind(addr).map_err(|e| {
+        VerbsError::io(
+            V,
+            std::io::Error::new(e.kind(), format!("bind UDP {addr}: {e}")),
+        )
+    })?;
+    udp.set_nonblocking(true)
+        .map_err(|e| VerbsError::io(V, e))?;
+    let fd = udp.as_raw_fd();
+    let tc = i32::from(config.traffic_class());
+    let r = if ip.is_ipv4() {
+        // DF with IP ID 0 on an unconnected socket: the peer can recompute our ICRC.
+        set_int(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        )
+        .and_then(|()| setsockopt(&udp, sockopt::IpRecvTos, &true).map_err(Into::into))
+        .and_then(|()| setsockopt(&udp, sockopt::Ipv4Tos, &tc).map_err(Into::into))
+    } else {
+        set_int(
+            fd,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        )
+        // rxe sends UDP checksum 0 even over IPv6.
+        .and_then(|()| set_int(fd, libc::IPPROTO_UDP, 102 /* UDP_NO_CHECK6_RX */, 1))
+        .and_then(|()| setsockopt(&udp, sockopt::Ipv6RecvTClass, &true).map_err(Into::into))
+        .and_then(|()| setsockopt(&udp, sockopt::Ipv6TClass, &tc).map_err(Into::into))
+    };
+    r.map_err(|e| VerbsError::io(V, e))?;
+    // Best effort: the kernel caps these at rmem_max/wmem_max. A send-only socket is never
+    // read, so it keeps the smallest receive buffer.
+    let rcvbuf = if send_only { 0 } else { 4 << 20 };
+    let _ = setsockopt(&udp, sockopt::RcvBuf, &rcvbuf);
+    let _ = setsockopt(&udp, sockopt::SndBuf, &(4 << 20));
+    // GRO: a run of datagrams from one sender arrives as one buffer with its segment
+    // size (on loopback and veth, a GSO message is never cut at all).
+    let gro = !send_only && config.gso && setsockopt(&udp, sockopt::UdpGroSegment, &true).is_ok();
+    let local = udp.local_addr().map_err(|e| VerbsError::io(V, e))?;
+    let sock = Sock {
+        udp,
+        local,
+        gso: AtomicBool::new(config.gso),
+    };
+    Ok((sock, gro))
+}
+
 impl Sockets {
     pub(crate) fn bind(device: &Device, config: &ContextConfig) -> Result<Self> {
-        const V: &str = "ibv_open_device";
+        if config.source_ports > MAX_SOURCE_PORTS {
+            return Err(VerbsError::invalid(
+                "ibv_open_device",
+                format!(
+                    "source_ports {}: at most {MAX_SOURCE_PORTS} per GID",
+                    config.source_ports
+                ),
+            ));
+        }
         let mut socks = Vec::new();
+        let mut lanes = Vec::new();
         let mut gro = false;
         for g in &device.gids {
             let ip = g.gid.to_ip();
-            let addr = match ip {
-                IpAddr::V6(a) if is_link_local(&ip) => {
-                    SocketAddr::V6(SocketAddrV6::new(a, config.udp_port, 0, g.ifindex))
-                }
-                _ => SocketAddr::new(ip, config.udp_port),
-            };
-            let udp = UdpSocket::bind(addr).map_err(|e| {
-                VerbsError::io(
-                    V,
-                    std::io::Error::new(e.kind(), format!("bind UDP {addr}: {e}")),
-                )
-            })?;
-            udp.set_nonblocking(true)
-                .map_err(|e| VerbsError::io(V, e))?;
-            let fd = udp.as_raw_fd();
-            let tc = i32::from(config.traffic_class());
-            let r = if ip.is_ipv4() {
-                // DF with IP ID 0 on an unconnected socket: the peer can recompute our ICRC.
-                set_int(
-                    fd,
-                    libc::IPPROTO_IP,
-                    libc::IP_MTU_DISCOVER,
-                    libc::IP_PMTUDISC_DO,
-                )
-                .and_then(|()| setsockopt(&udp, sockopt::IpRecvTos, &true).map_err(Into::into))
-                .and_then(|()| setsockopt(&udp, sockopt::Ipv4Tos, &tc).map_err(Into::into))
-            } else {
-                set_int(
-                    fd,
-                    libc::IPPROTO_IPV6,
-                    libc::IPV6_MTU_DISCOVER,
-                    libc::IP_PMTUDISC_DO,
-                )
-                // rxe sends UDP checksum 0 even over IPv6.
-                .and_then(|()| set_int(fd, libc::IPPROTO_UDP, 102 /* UDP_NO_CHECK6_RX */, 1))
-                .and_then(|()| setsockopt(&udp, sockopt::Ipv6RecvTClass, &true).map_err(Into::into))
-                .and_then(|()| setsockopt(&udp, sockopt::Ipv6TClass, &tc).map_err(Into::into))
-            };
-            r.map_err(|e| VerbsError::io(V, e))?;
-            // Best effort: the kernel caps these at rmem_max/wmem_max.
-            let _ = setsockopt(&udp, sockopt::RcvBuf, &(4 << 20));
-            let _ = setsockopt(&udp, sockopt::SndBuf, &(4 << 20));
-            // GRO: a run of datagrams from one sender arrives as one buffer with its segment
-            // size (on loopback and veth, a GSO message is never cut at all).
-            if config.gso && setsockopt(&udp, sockopt::UdpGroSegment, &true).is_ok() {
-                gro = true;
-            }
-            let local = udp.local_addr().map_err(|e| VerbsError::io(V, e))?;
-            socks.push(Sock {
-                udp,
-                local,
-                gso: AtomicBool::new(config.gso),
-            });
+            let (sock, takes_gro) = open(ip, config.udp_port, g.ifindex, config, false)?;
+            gro |= takes_gro;
+            socks.push(sock);
+            let extra = (0..config.source_ports)
+                .map(|_| open(ip, 0, g.ifindex, config, true).map(|(s, _)| s))
+                .collect::<Result<Vec<_>>>()?;
+            lanes.push(extra);
         }
-        Ok(Self { socks, gro })
+        Ok(Self { socks, lanes, gro })
+    }
+
+    /// The lane (0: the RoCE-port socket; k: the k-th send-only socket) QP `qpn` sends from.
+    pub(crate) fn lane_of(&self, si: usize, qpn: u32) -> usize {
+        let k = self.lanes.get(si).map_or(0, Vec::len);
+        if k == 0 {
+            return 0;
+        }
+        // A multiplicative hash: consecutive QPNs land on different lanes.
+        1 + (qpn.wrapping_mul(0x9e37_79b1) >> 16) as usize % k
+    }
+
+    /// The socket of lane `lane` of GID `si`.
+    pub(crate) fn sender(&self, si: usize, lane: usize) -> &Sock {
+        match lane {
+            0 => &self.socks[si],
+            k => &self.lanes[si][k - 1],
+        }
     }
 
     pub(crate) fn local_addr(&self, i: usize) -> Result<SocketAddr> {
@@ -248,6 +304,8 @@ impl RxBatch {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TxItem {
     pub(crate) si: usize,
+    /// Which of the GID's sockets sends it (see [`Sockets::sender`]).
+    pub(crate) lane: usize,
     pub(crate) peer: SocketAddr,
     pub(crate) len: usize,
     pub(crate) framing: FrameRepr,
@@ -308,6 +366,7 @@ impl TxBatch {
     pub(crate) fn push(
         &mut self,
         si: usize,
+        lane: usize,
         peer: SocketAddr,
         len: usize,
         framing: FrameRepr,
@@ -323,6 +382,7 @@ impl TxBatch {
         }
         self.items.push(TxItem {
             si,
+            lane,
             peer,
             len,
             framing,
@@ -333,10 +393,15 @@ impl TxBatch {
     /// Frames and sends everything queued, socket by socket, in order.
     pub(crate) fn flush(&mut self, socks: &Sockets) -> Flushed {
         let mut f = Flushed::default();
-        for (si, sock) in socks.socks.iter().enumerate() {
+        let lanes = (0..socks.socks.len())
+            .flat_map(|si| (0..=socks.lanes.get(si).map_or(0, Vec::len)).map(move |k| (si, k)));
+        for (si, lane) in lanes {
+            let sock = socks.sender(si, lane);
             self.mine.clear();
-            self.mine
-                .extend((0..self.items.len()).filter(|&i| self.items[i].si == si));
+            self.mine.extend(
+                (0..self.items.len())
+                    .filter(|&i| self.items[i].si == si && self.items[i].lane == lane),
+            );
             if self.mine.is_empty() {
                 continue;
             }
