@@ -40,6 +40,9 @@ pub(crate) struct ConnArgs {
     /// Plain datagrams only: no UDP segmentation offload (GSO) or GRO.
     #[arg(long = "no-gso")]
     pub(crate) no_gso: bool,
+    /// UDP source ports for QPs to send from (ECMP entropy); 0: send from the RNIC's port.
+    #[arg(long = "source-ports", default_value_t = 8)]
+    pub(crate) source_ports: usize,
 }
 
 /// A connected QP and everything it hangs off.
@@ -79,6 +82,7 @@ pub(crate) fn open(
             busy_poll: a.busy,
             congestion,
             gso: !a.no_gso,
+            source_ports: a.source_ports,
             ..ContextConfig::default()
         },
     )?;

@@ -332,6 +332,7 @@ pub(crate) struct TxBatch {
     keyed: Vec<(SocketAddr, usize)>,
     msgs: Vec<Message>,
     calls: Vec<(usize, usize, Option<usize>)>,
+    senders: Vec<(usize, usize)>,
 }
 
 /// Room in front of each packet for the IP and UDP headers the ICRC needs.
@@ -350,6 +351,7 @@ impl TxBatch {
             keyed: Vec::with_capacity(n),
             msgs: Vec::with_capacity(n),
             calls: Vec::new(),
+            senders: Vec::new(),
         }
     }
     pub(crate) fn is_full(&self) -> bool {
@@ -393,9 +395,15 @@ impl TxBatch {
     /// Frames and sends everything queued, socket by socket, in order.
     pub(crate) fn flush(&mut self, socks: &Sockets) -> Flushed {
         let mut f = Flushed::default();
-        let lanes = (0..socks.socks.len())
-            .flat_map(|si| (0..=socks.lanes.get(si).map_or(0, Vec::len)).map(move |k| (si, k)));
-        for (si, lane) in lanes {
+        // The sockets in use, in the order of their first packet.
+        self.senders.clear();
+        for it in &self.items {
+            if !self.senders.contains(&(it.si, it.lane)) {
+                self.senders.push((it.si, it.lane));
+            }
+        }
+        for s in 0..self.senders.len() {
+            let (si, lane) = self.senders[s];
             let sock = socks.sender(si, lane);
             self.mine.clear();
             self.mine.extend(
