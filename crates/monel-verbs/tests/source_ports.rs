@@ -70,16 +70,7 @@ fn ports_seen(ip: &str, peer_ip: &str, source_ports: usize) -> HashMap<u32, BTre
     let peer_gid = Gid::from_ip(peer_ip.parse().unwrap());
     let mut qps = Vec::new();
     for i in 0..QPS {
-        let qp = pd
-            .create_qp(&QpInitAttr {
-                send_cq: &cq,
-                recv_cq: &cq,
-                cap: QpCap::default(),
-                qp_type: QpType::Rc,
-                sq_sig_all: false,
-                srq: None,
-            })
-            .unwrap();
+        let qp = rc_qp(&pd, &cq);
         let remote = RemoteQp {
             qpn: Qpn::new(0x1000 + i),
             psn: Psn::new(0),

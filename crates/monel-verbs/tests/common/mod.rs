@@ -28,18 +28,22 @@ pub fn open(ip: &str, port: u16) -> (Context, ProtectionDomain, CompletionQueue)
     (ctx, pd, cq)
 }
 
+/// An RC QP with default capacities whose sends and receives complete on `cq`.
+pub fn rc_qp(pd: &ProtectionDomain, cq: &CompletionQueue) -> QueuePair {
+    pd.create_qp(&QpInitAttr {
+        send_cq: cq,
+        recv_cq: cq,
+        cap: QpCap::default(),
+        qp_type: QpType::Rc,
+        sq_sig_all: false,
+        srq: None,
+    })
+    .unwrap()
+}
+
 pub fn side(ip: &str, port: u16) -> Side {
     let (ctx, pd, cq) = open(ip, port);
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            cap: QpCap::default(),
-            qp_type: QpType::Rc,
-            sq_sig_all: false,
-            srq: None,
-        })
-        .unwrap();
+    let qp = rc_qp(&pd, &cq);
     Side {
         ctx,
         pd,
