@@ -173,7 +173,8 @@ impl Algorithm {
 }
 
 /// Rank `r`'s schedule of `coll` over `n` ranks with `algo`. `slice` is the pipelining unit
-/// of chains (elements); `in_place` selects the in-place form where the schedule differs.
+/// (elements) of chains and trees, and of the AllReduce ring, which runs on pieces of `n`
+/// slices in turn; `in_place` selects the in-place form where the schedule differs.
 pub fn schedule(
     coll: Collective,
     algo: Algorithm,
@@ -192,7 +193,9 @@ pub fn schedule(
     }
     let avg = |o: RedOp| o == RedOp::Avg;
     Ok(match (coll, algo) {
-        (Collective::AllReduce(o), Algorithm::Ring) => sch::allreduce_ring(n, r, count, avg(o)),
+        (Collective::AllReduce(o), Algorithm::Ring) => {
+            sch::allreduce_ring_pipelined(n, r, count, slice, avg(o))
+        }
         (Collective::AllReduce(o), Algorithm::Direct) => {
             sch::allreduce_direct(n, r, count, avg(o), in_place)
         }

@@ -101,6 +101,29 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// Moves every input and output span `by` elements (scratch spans stay).
+    fn shift(&mut self, by: usize) {
+        let mv = |sp: &mut Span| {
+            if sp.buf != Buf::Scratch {
+                sp.off += by;
+            }
+        };
+        match self {
+            Op::Send { src, .. } => mv(src),
+            Op::Recv { dst, .. } | Op::Divide { dst } => mv(dst),
+            Op::RecvReduce { acc, dst, .. } => {
+                mv(acc);
+                mv(dst);
+            }
+            Op::Copy { src, dst } | Op::Reduce { src, dst } => {
+                mv(src);
+                mv(dst);
+            }
+        }
+    }
+}
+
 /// Local operations, then communication.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Step {
@@ -290,6 +313,40 @@ pub fn allreduce_ring(n: usize, r: usize, count: usize, avg: bool) -> Schedule {
         ring_all_gather_steps(&mut s, n, r, &chunks, Buf::Output);
     } else {
         finish_avg(&mut s, avg, all);
+    }
+    s
+}
+
+/// AllReduce, ring, pipelined for large counts: the buffer is cut into pieces of about
+/// `n * slice` elements and the ring runs on each in turn, so a piece's reduced part is sent
+/// on while it is still in cache (the plain ring re-reads the whole reduced part from memory
+/// for its all-gather). Each piece is [`allreduce_ring`] of its own elements, so an element's
+/// ranks are added in a different order than in one ring over the whole buffer (use the
+/// deterministic algorithm for bits that never depend on the algorithm).
+pub fn allreduce_ring_pipelined(
+    n: usize,
+    r: usize,
+    count: usize,
+    slice: usize,
+    avg: bool,
+) -> Schedule {
+    let piece = n.saturating_mul(slice.max(1));
+    let pieces = count.div_ceil(piece.max(1));
+    if n == 1 || pieces <= 1 {
+        return allreduce_ring(n, r, count, avg);
+    }
+    let mut s = Schedule::default();
+    for k in 0..pieces {
+        let lo = count * k / pieces;
+        let hi = count * (k + 1) / pieces;
+        let sub = allreduce_ring(n, r, hi - lo, avg);
+        s.scratch = s.scratch.max(sub.scratch);
+        for mut step in sub.steps {
+            for op in &mut step.ops {
+                op.shift(lo);
+            }
+            s.steps.push(step);
+        }
     }
     s
 }

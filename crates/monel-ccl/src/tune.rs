@@ -105,6 +105,12 @@ pub fn predict(
             let depth = f64::from(n.ilog2());
             (m + 2.0 * depth) * (alpha + 3.0 * (half / m) / beta)
         }
+        // The ring runs on pieces of n chunks in turn (see `allreduce_ring_pipelined`): the
+        // same bytes, a latency per step of every piece.
+        (Collective::AllReduce(_), Algorithm::Ring) => {
+            let pieces = bytes.div_ceil(n * chunk.max(1)).max(1) as f64;
+            2.0 * (nf - 1.0) * pieces * alpha + 2.0 * (nf - 1.0) / nf * s / beta
+        }
         (Collective::AllReduce(_), _) => {
             2.0 * (nf - 1.0) * alpha + 2.0 * (nf - 1.0) / nf * s / beta
         }

@@ -6,7 +6,7 @@ use half::{bf16, f16};
 use monel_ccl::buffers::Buffers;
 use monel_ccl::fp8::Fp8;
 use monel_ccl::plan::{self, Algorithm, Collective};
-use monel_ccl::schedule::validate;
+use monel_ccl::schedule::{Op, validate};
 use monel_ccl::{DataType, RedOp, sim};
 use proptest::prelude::*;
 
@@ -342,5 +342,45 @@ fn deterministic_allreduce_bits_agree() {
             results[0], results[1],
             "deterministic and direct differ at n={n}"
         );
+    }
+}
+
+/// Large AllReduces run the ring on pieces of `n` slices in turn, so a reduced piece is sent
+/// on while it is in cache; small ones stay one ring (2(n - 1) steps).
+#[test]
+fn the_allreduce_ring_is_pipelined_in_pieces_of_n_slices() {
+    let ar = Collective::AllReduce(RedOp::Sum);
+    for n in 2..=6 {
+        for (count, slice) in [
+            (1000usize, 7usize),
+            (64, 100),
+            (n * 10, 10),
+            (n * 10 + 1, 10),
+        ] {
+            let pieces = count.div_ceil(n * slice).max(1);
+            for r in 0..n {
+                let s = plan::schedule(ar, Algorithm::Ring, n, r, count, slice, false).unwrap();
+                assert_eq!(
+                    s.steps.len(),
+                    pieces * 2 * (n - 1),
+                    "n {n} rank {r} count {count} slice {slice}"
+                );
+                let sent: usize = s
+                    .steps
+                    .iter()
+                    .flat_map(|st| &st.ops)
+                    .map(|op| match op {
+                        Op::Send { src, .. } => src.len,
+                        _ => 0,
+                    })
+                    .sum();
+                // Each rank sends 2 (n - 1) / n of the vector, whatever the pieces.
+                let lo = 2 * (n - 1) * count / n;
+                assert!(
+                    sent.abs_diff(lo) <= 2 * (n - 1) * pieces,
+                    "n {n} count {count}: sent {sent}, want about {lo}"
+                );
+            }
+        }
     }
 }
