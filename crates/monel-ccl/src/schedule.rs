@@ -110,13 +110,13 @@ impl Op {
             }
         };
         match self {
-            Op::Send { src, .. } => mv(src),
-            Op::Recv { dst, .. } | Op::Divide { dst } => mv(dst),
-            Op::RecvReduce { acc, dst, .. } => {
+            Self::Send { src, .. } => mv(src),
+            Self::Recv { dst, .. } | Self::Divide { dst } => mv(dst),
+            Self::RecvReduce { acc, dst, .. } => {
                 mv(acc);
                 mv(dst);
             }
-            Op::Copy { src, dst } | Op::Reduce { src, dst } => {
+            Self::Copy { src, dst } | Self::Reduce { src, dst } => {
                 mv(src);
                 mv(dst);
             }
