@@ -447,6 +447,8 @@ struct Sim<'a> {
     info: Vec<QpInfo>,
     cc: Vec<Option<Dcqcn>>,
     dcqcn: Option<Arc<DcqcnParams>>,
+    /// Least time between CNPs for one QP, picoseconds.
+    cnp_gap_ps: u64,
     /// When each QP's rate next lets it send, picoseconds.
     due: Vec<u64>,
     tails: Vec<usize>,
@@ -536,6 +538,9 @@ impl<'a> Sim<'a> {
             info: Vec::new(),
             cc: Vec::new(),
             dcqcn: p.dcqcn.map(Arc::new),
+            cnp_gap_ps: p
+                .dcqcn
+                .map_or(0, |d| d.cnp_interval.as_nanos() as u64 * 1000),
             due: Vec::new(),
             tails,
             qp_of: HashMap::new(),
@@ -890,11 +895,7 @@ impl<'a> Sim<'a> {
             self.out.bytes += u64::from(p.payload);
             if p.ecn && self.cc[p.qp as usize].is_some() {
                 let q = &mut self.info[p.qp as usize];
-                let gap = self
-                    .p
-                    .dcqcn
-                    .map_or(0, |d| d.cnp_interval.as_nanos() as u64 * 1000);
-                if q.last_cnp == 0 || self.now >= q.last_cnp + gap {
+                if q.last_cnp == 0 || self.now >= q.last_cnp + self.cnp_gap_ps {
                     q.last_cnp = self.now.max(1);
                     self.out.cnps += 1;
                     let at = self.now + q.reverse_ps;

@@ -24,10 +24,7 @@ impl Gid {
     }
     /// The IP address this GID stands for (rxe's `rdma_gid2ip`).
     pub fn to_ip(self) -> IpAddr {
-        match IpAddress::from_gid(self.0) {
-            IpAddress::V4(a) => IpAddr::from(a),
-            IpAddress::V6(a) => IpAddr::from(a),
-        }
+        IpAddress::from_gid(self.0).into()
     }
     /// The GID as rdma-core's pingpong puts it on the wire: 32 lowercase hex digits.
     pub fn to_wire_hex(self) -> String {

@@ -5,7 +5,7 @@
 //! poll a CQ drive the sockets themselves meanwhile (busy-polling devices spin there).
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
@@ -22,13 +22,6 @@ use crate::cq::CqShared;
 use crate::mr::PdMemory;
 use crate::netio::{MAX_DATAGRAM, RxBatch, RxMeta, TX_HEADROOM, TxBatch};
 use crate::qp_kind::QpKind;
-
-fn wire_ip(ip: IpAddr) -> IpAddress {
-    match ip {
-        IpAddr::V4(a) => IpAddress::V4(a.octets()),
-        IpAddr::V6(a) => IpAddress::V6(a.octets()),
-    }
-}
 
 /// Checks the ICRC of a datagram received on a UDP socket. IPv6: every covered field is known.
 /// IPv4: the IP ID is not visible, so the check first assumes the ID the datagram most likely
@@ -68,8 +61,8 @@ impl IcrcChecker {
             return IcrcVerdict::Bad;
         }
         let framing = FrameRepr {
-            src: wire_ip(src.ip()),
-            dst: wire_ip(dst.ip()),
+            src: IpAddress::from(src.ip()),
+            dst: IpAddress::from(dst.ip()),
             src_port: src.port(),
             dst_port: dst.port(),
             traffic_class: 0,
@@ -452,8 +445,8 @@ fn deliver(
         }
         QpKind::Ud(q) => {
             let grh = monel_rc::ud::grh_for(
-                wire_ip(m.src.ip()),
-                wire_ip(local.ip()),
+                IpAddress::from(m.src.ip()),
+                IpAddress::from(local.ip()),
                 m.tos,
                 0,
                 bytes.len(),
@@ -597,8 +590,8 @@ fn framing_to(
 ) -> FrameRepr {
     let local = shared.sockets.sender(si, lane).local;
     FrameRepr {
-        src: wire_ip(local.ip()),
-        dst: wire_ip(peer.ip()),
+        src: IpAddress::from(local.ip()),
+        dst: IpAddress::from(peer.ip()),
         src_port: local.port(),
         dst_port: peer.port(),
         traffic_class: shared.config.traffic_class(),
@@ -706,8 +699,8 @@ mod tests {
         buf[40..48].copy_from_slice(b"payload!");
         for ident in [0u16, 0x1234] {
             let f = FrameRepr {
-                src: wire_ip(src.ip()),
-                dst: wire_ip(dst.ip()),
+                src: IpAddress::from(src.ip()),
+                dst: IpAddress::from(dst.ip()),
                 src_port: src.port(),
                 dst_port: dst.port(),
                 traffic_class: 0x02,

@@ -32,10 +32,7 @@ fn send_only(
     b[8] = 0x80;
     b[9..12].copy_from_slice(&psn.to_be_bytes()[1..]);
     b[12..12 + payload.len()].copy_from_slice(payload);
-    let ip = |a: SocketAddr| match a.ip() {
-        std::net::IpAddr::V4(v) => IpAddress::V4(v.octets()),
-        std::net::IpAddr::V6(v) => IpAddress::V6(v.octets()),
-    };
+    let ip = |a: SocketAddr| IpAddress::from(a.ip());
     FrameRepr {
         src: ip(src),
         dst: ip(dst),

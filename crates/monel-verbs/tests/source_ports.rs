@@ -11,18 +11,11 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use monel_verbs::*;
-use monel_wire::{FrameRepr, IpAddress};
+use monel_wire::FrameRepr;
 
 const PORT: u16 = 24880;
 const PEER_PORT: u16 = 24881;
 const QPS: u32 = 16;
-
-fn wire(ip: IpAddr) -> IpAddress {
-    match ip {
-        IpAddr::V4(v) => IpAddress::V4(v.octets()),
-        IpAddr::V6(v) => IpAddress::V6(v.octets()),
-    }
-}
 
 /// Whether `roce`'s ICRC is right for a datagram from `src` to `dst` (IPv4 ID 0 to 63, as a
 /// receiver tries for GSO segments).
@@ -31,8 +24,8 @@ fn icrc_ok(src: SocketAddr, dst: SocketAddr, roce: &[u8]) -> bool {
         let mut buf = vec![0u8; 28 + roce.len()];
         buf[28..].copy_from_slice(roce);
         FrameRepr {
-            src: wire(src.ip()),
-            dst: wire(dst.ip()),
+            src: src.ip().into(),
+            dst: dst.ip().into(),
             src_port: src.port(),
             dst_port: dst.port(),
             traffic_class: 0,

@@ -13,6 +13,24 @@ pub enum IpAddress {
     V6([u8; 16]),
 }
 
+impl From<core::net::IpAddr> for IpAddress {
+    fn from(ip: core::net::IpAddr) -> Self {
+        match ip {
+            core::net::IpAddr::V4(a) => Self::V4(a.octets()),
+            core::net::IpAddr::V6(a) => Self::V6(a.octets()),
+        }
+    }
+}
+
+impl From<IpAddress> for core::net::IpAddr {
+    fn from(ip: IpAddress) -> Self {
+        match ip {
+            IpAddress::V4(a) => Self::from(a),
+            IpAddress::V6(a) => Self::from(a),
+        }
+    }
+}
+
 impl IpAddress {
     /// The RoCEv2 GID of this address (IPv4-mapped `::ffff:a.b.c.d` for IPv4), as rxe does.
     pub const fn to_gid(self) -> [u8; 16] {
