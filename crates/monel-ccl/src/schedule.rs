@@ -317,6 +317,12 @@ pub fn allreduce_ring(n: usize, r: usize, count: usize, avg: bool) -> Schedule {
     s
 }
 
+/// How many pieces [`allreduce_ring_pipelined`] cuts `count` into (any unit, as long as
+/// `count` and `slice` share it).
+pub fn ring_pieces(n: usize, count: usize, slice: usize) -> usize {
+    count.div_ceil(n.saturating_mul(slice.max(1)).max(1)).max(1)
+}
+
 /// AllReduce, ring, pipelined for large counts: the buffer is cut into pieces of about
 /// `n * slice` elements and the ring runs on each in turn, so a piece's reduced part is sent
 /// on while it is still in cache (the plain ring re-reads the whole reduced part from memory
@@ -330,8 +336,7 @@ pub fn allreduce_ring_pipelined(
     slice: usize,
     avg: bool,
 ) -> Schedule {
-    let piece = n.saturating_mul(slice.max(1));
-    let pieces = count.div_ceil(piece.max(1));
+    let pieces = ring_pieces(n, count, slice);
     if n == 1 || pieces <= 1 {
         return allreduce_ring(n, r, count, avg);
     }

@@ -108,7 +108,7 @@ pub fn predict(
         // The ring runs on pieces of n chunks in turn (see `allreduce_ring_pipelined`): the
         // same bytes, a latency per step of every piece.
         (Collective::AllReduce(_), Algorithm::Ring) => {
-            let pieces = bytes.div_ceil(n * chunk.max(1)).max(1) as f64;
+            let pieces = crate::schedule::ring_pieces(n, bytes, chunk) as f64;
             2.0 * (nf - 1.0) * pieces * alpha + 2.0 * (nf - 1.0) / nf * s / beta
         }
         (Collective::AllReduce(_), _) => {
