@@ -1,7 +1,9 @@
 //! The verbs objects: [`Context`], [`ProtectionDomain`], [`QueuePair`], and the device state
 //! they share with the progress engine.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::idmap::IdMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -179,7 +181,7 @@ pub(crate) struct QpSlot {
 /// Device state shared by the API and the progress engine. Lock order: `core`, then `mrs`.
 #[derive(Debug, Default)]
 pub(crate) struct Core {
-    pub(crate) qps: HashMap<u32, QpSlot>,
+    pub(crate) qps: IdMap<QpSlot>,
     pub(crate) events: VecDeque<AsyncEvent>,
     pub(crate) counters: DeviceCounters,
     /// Stats of destroyed QPs, so device totals never go backwards.
@@ -189,10 +191,12 @@ pub(crate) struct Core {
     /// QPs whose transmissions (ACKs, mostly) an application thread deferred, so they can
     /// leave with its next post in one batch.
     pub(crate) pending_tx: Vec<u32>,
+    /// A spare QP list for the engine's passes (no allocation per pass).
+    pub(crate) scratch: Vec<u32>,
     /// When the progress thread next wakes on its own (`None`: only when rung).
     pub(crate) engine_wake_at: Option<monel_rc::Instant>,
     /// Shared receive queues by handle.
-    pub(crate) srqs: HashMap<u32, SrqState>,
+    pub(crate) srqs: IdMap<SrqState>,
     next_id: u32,
 }
 

@@ -303,8 +303,11 @@ pub(crate) fn send_deferred(shared: &DevShared) {
 fn hand_over_deferred(shared: &DevShared) {
     let ring = {
         let core = shared.core();
-        let soon = Instant::from_nanos(now(shared).as_nanos() + CALLER_SLEEP_NS);
-        !core.pending_tx.is_empty() && engine_late(&core, soon)
+        !core.pending_tx.is_empty()
+            && engine_late(
+                &core,
+                Instant::from_nanos(now(shared).as_nanos() + CALLER_SLEEP_NS),
+            )
     };
     if ring {
         shared.ring();
@@ -320,6 +323,9 @@ fn engine_late(core: &Core, t: Instant) -> bool {
 /// this thread meanwhile. The datagram that completes a work request wakes the thread
 /// waiting for it directly.
 pub(crate) fn wait_cq(shared: &DevShared, cq: &CqShared, deadline: std::time::Instant) -> bool {
+    if cq.has_completions() {
+        return true;
+    }
     let mut fds: Vec<PollFd<'_>> = shared
         .sockets
         .socks
@@ -486,26 +492,29 @@ enum Scope {
 fn service(shared: &DevShared, tx: &mut TxBatch, scope: Scope) -> Option<Instant> {
     let mut guard = shared.core();
     let core = &mut *guard;
-    let list: Vec<u32> = match scope {
+    // The QP list reuses one buffer: swapped with the list it takes over.
+    let mut list = std::mem::take(&mut core.scratch);
+    list.clear();
+    match scope {
         Scope::All => {
             // A timer armed after this pass and before the thread plans its sleep must ring
             // (a ring before it sleeps ends the sleep).
             core.engine_wake_at = None;
             core.dirty.clear();
             core.pending_tx.clear();
-            core.qps.keys().copied().collect()
+            list.extend(core.qps.keys().copied());
         }
-        Scope::Received => std::mem::take(&mut core.dirty),
+        Scope::Received => std::mem::swap(&mut list, &mut core.dirty),
         Scope::Posted(qpn) => {
-            let mut l = std::mem::take(&mut core.pending_tx);
-            if !l.contains(&qpn) {
-                l.push(qpn);
+            std::mem::swap(&mut list, &mut core.pending_tx);
+            if !list.contains(&qpn) {
+                list.push(qpn);
             }
-            l
         }
-        Scope::Deferred => std::mem::take(&mut core.pending_tx),
-    };
+        Scope::Deferred => std::mem::swap(&mut list, &mut core.pending_tx),
+    }
     if list.is_empty() {
+        core.scratch = list;
         return None;
     }
     let transmit = scope != Scope::Received;
@@ -535,6 +544,7 @@ fn service(shared: &DevShared, tx: &mut TxBatch, scope: Scope) -> Option<Instant
     }
     flush(tx, shared, &mut core.counters);
     drop(mrs);
+    core.scratch = list;
     core.events.extend(out.events);
     out.overflowed.dedup();
     core.events.extend(
@@ -662,18 +672,18 @@ fn service_slot(
     if let (true, QpKind::Ud(ud)) = (transmit, &mut slot.qp) {
         transmit_datagrams(shared, tx, mrs, counters, (qpn, slot.pd), ud);
     }
-    let mut wcs = Vec::new();
-    while let Some(wc) = slot.qp.poll_send_completion() {
-        wcs.push(wc);
+    // Completions go to their CQ in one locked push, without a buffer of their own.
+    if let Some(first) = slot.qp.poll_send_completion() {
+        let rest = std::iter::from_fn(|| slot.qp.poll_send_completion());
+        if !slot.send_cq.push(std::iter::once(first).chain(rest)) {
+            out.overflowed.push(slot.send_cq.id);
+        }
     }
-    if !wcs.is_empty() && !slot.send_cq.push(wcs.drain(..)) {
-        out.overflowed.push(slot.send_cq.id);
-    }
-    while let Some(wc) = slot.qp.poll_recv_completion() {
-        wcs.push(wc);
-    }
-    if !wcs.is_empty() && !slot.recv_cq.push(wcs.drain(..)) {
-        out.overflowed.push(slot.recv_cq.id);
+    if let Some(first) = slot.qp.poll_recv_completion() {
+        let rest = std::iter::from_fn(|| slot.qp.poll_recv_completion());
+        if !slot.recv_cq.push(std::iter::once(first).chain(rest)) {
+            out.overflowed.push(slot.recv_cq.id);
+        }
     }
     while let Some(e) = slot.qp.poll_event() {
         out.events

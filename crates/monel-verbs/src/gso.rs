@@ -1,6 +1,6 @@
 //! UDP segmentation offload planning (sans-IO): which queued packets leave as one GSO message
-//! (the kernel cuts it into datagrams of one size, the last one shorter or equal), and which
-//! messages share one sendmmsg call (they share its `UDP_SEGMENT` control message).
+//! (the kernel cuts it into datagrams of one size, the last one shorter or equal). Each
+//! message carries its own `UDP_SEGMENT` size, so messages of any sizes share a sendmmsg.
 //!
 //! The ICRC covers the IPv4 ID. On an unconnected socket with DF set the kernel sends ID 0,
 //! and GSO numbers the segments of a message 0, 1, 2...; the sender therefore frames the k-th
@@ -54,37 +54,6 @@ pub(crate) fn plan<K: PartialEq>(pkts: &[(K, usize)], out: &mut Vec<Message>) {
             seg,
         });
         i = j;
-    }
-}
-
-/// Splits `msgs` into sendmmsg calls of at most `max` messages: `(range, gso)`, where `gso`
-/// is the segment size every multi-packet message of the call has. A plain datagram can
-/// join a call whose segment size is at least its length (the kernel sends it whole).
-pub(crate) fn calls(msgs: &[Message], max: usize, out: &mut Vec<(usize, usize, Option<usize>)>) {
-    out.clear();
-    let mut start = 0;
-    let mut gso: Option<usize> = None;
-    let mut longest = 0;
-    for (i, m) in msgs.iter().enumerate() {
-        let joins = i - start < max.max(1)
-            && if m.count == 1 {
-                gso.is_none_or(|g| m.seg <= g)
-            } else {
-                gso == Some(m.seg) || (gso.is_none() && longest <= m.seg)
-            };
-        if !joins {
-            out.push((start, i, gso));
-            start = i;
-            gso = None;
-            longest = 0;
-        }
-        if m.count > 1 {
-            gso = Some(m.seg);
-        }
-        longest = longest.max(m.seg);
-    }
-    if start < msgs.len() {
-        out.push((start, msgs.len(), gso));
     }
 }
 
@@ -158,38 +127,6 @@ mod tests {
                 next += m.count;
             }
             assert_eq!(next, pkts.len());
-            let mut cs = Vec::new();
-            calls(&msgs, 8, &mut cs);
-            let mut at = 0;
-            for &(a, b, gso) in &cs {
-                assert_eq!(a, at);
-                assert!(b > a && b - a <= 8);
-                for m in &msgs[a..b] {
-                    match gso {
-                        Some(g) if m.count > 1 => assert_eq!(m.seg, g),
-                        Some(g) => assert!(m.seg <= g),
-                        None => assert_eq!(m.count, 1),
-                    }
-                }
-                at = b;
-            }
-            assert_eq!(at, msgs.len());
         }
-    }
-
-    #[test]
-    fn plain_datagrams_share_a_call_with_longer_segments() {
-        let m = |count, seg| Message {
-            first: 0,
-            count,
-            seg,
-        };
-        let msgs = [m(1, 32), m(5, 4112), m(1, 60), m(3, 1040), m(1, 4128)];
-        let mut cs = Vec::new();
-        calls(&msgs, 32, &mut cs);
-        assert_eq!(
-            cs,
-            vec![(0, 3, Some(4112)), (3, 4, Some(1040)), (4, 5, None)]
-        );
     }
 }

@@ -19,6 +19,8 @@ pub mod device;
 mod engine;
 mod error;
 mod gso;
+mod idmap;
+mod mmsg;
 mod mr;
 mod netio;
 pub mod perf;

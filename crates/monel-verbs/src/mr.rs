@@ -6,7 +6,7 @@
 //! Deregistration removes the keys under the device lock, so once `dereg` returns no packet
 //! can touch the region; later requests naming it fail with an access error.
 
-use std::collections::HashMap;
+use crate::idmap::IdMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use monel_rc::AccessFlags;
@@ -154,8 +154,8 @@ impl Drop for MemoryRegion {
 /// All registered regions of one device, by key.
 #[derive(Debug, Default)]
 pub(crate) struct MrTable {
-    by_lkey: HashMap<u32, Arc<MrShared>>,
-    by_rkey: HashMap<u32, Arc<MrShared>>,
+    by_lkey: IdMap<Arc<MrShared>>,
+    by_rkey: IdMap<Arc<MrShared>>,
 }
 
 /// Draws a random key that is neither 0 nor in `taken`.

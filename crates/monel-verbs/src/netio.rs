@@ -2,22 +2,18 @@
 //! control messages, plus send-only sockets that give QPs their own UDP source ports. The
 //! only module of the soft RNIC that makes system calls.
 
-use std::io::{IoSlice, IoSliceMut};
 use std::net::{IpAddr, SocketAddr, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use monel_wire::{FrameRepr, ICRC_LEN, IpAddress};
-use nix::sys::socket::{
-    ControlMessage, ControlMessageOwned, MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg,
-    sendmmsg, setsockopt, sockopt,
-};
-use nix::sys::time::TimeSpec;
+use nix::sys::socket::{setsockopt, sockopt};
 
 use crate::context::ContextConfig;
 use crate::device::{Device, is_link_local};
 use crate::error::{Result, VerbsError};
 use crate::gso::{self, Message};
+use crate::mmsg::{Received, RecvHeaders, SendHeaders};
 
 /// Largest datagram accepted: 4096-byte MTU plus every header, with room to spare, so an
 /// oversized packet is seen whole and dropped rather than truncated into something valid.
@@ -208,16 +204,8 @@ pub(crate) const MAX_COALESCED: usize = 65_536;
 pub(crate) struct RxBatch {
     pub(crate) bufs: Vec<Vec<u8>>,
     pub(crate) meta: Vec<RxMeta>,
-    headers: MultiHeaders<SockaddrStorage>,
-}
-
-fn to_std(a: &SockaddrStorage) -> Option<SocketAddr> {
-    if let Some(v4) = a.as_sockaddr_in() {
-        Some(SocketAddr::from((v4.ip(), v4.port())))
-    } else {
-        a.as_sockaddr_in6()
-            .map(|v6| SocketAddr::V6(SocketAddrV6::new(v6.ip(), v6.port(), 0, v6.scope_id())))
-    }
+    headers: RecvHeaders,
+    got: Vec<Received>,
 }
 
 impl RxBatch {
@@ -232,68 +220,34 @@ impl RxBatch {
         Self {
             bufs: (0..n).map(|_| vec![0u8; size]).collect(),
             meta: Vec::with_capacity(n),
-            headers: Self::headers(n),
+            headers: RecvHeaders::new(n),
+            got: Vec::with_capacity(n),
         }
-    }
-
-    /// Headers with room for the TOS and GRO control messages.
-    fn headers(n: usize) -> MultiHeaders<SockaddrStorage> {
-        MultiHeaders::preallocate(n, Some(nix::cmsg_space!(i32, i32, i32)))
     }
 
     /// Receives what is queued on `sock` without blocking; fills `meta`. Returns the count.
     pub(crate) fn recv(&mut self, sock: &Sock) -> usize {
         self.meta.clear();
+        self.got.clear();
         let size = self.bufs.first().map_or(0, Vec::len);
-        let mut iovs: Vec<[IoSliceMut<'_>; 1]> =
-            self.bufs.iter_mut().map(|b| [IoSliceMut::new(b)]).collect();
-        let Ok(res) = recvmmsg(
-            sock.udp.as_fd().as_raw_fd(),
-            &mut self.headers,
-            iovs.iter_mut(),
-            MsgFlags::MSG_DONTWAIT,
-            None::<TimeSpec>,
-        ) else {
-            return 0;
-        };
-        let mut got = 0;
-        for m in res {
-            got += 1;
+        self.headers
+            .recv(sock.udp.as_raw_fd(), &mut self.bufs, &mut self.got);
+        for m in &self.got {
             // meta[i] describes bufs[i]: a datagram without a usable source is kept, marked
             // unusable (the engine drops it as malformed).
-            let src = m.address.as_ref().and_then(to_std);
-            let mut tos = 0u8;
-            let mut seg = None;
-            if let Ok(cmsgs) = m.cmsgs() {
-                for c in cmsgs {
-                    match c {
-                        ControlMessageOwned::Ipv4Tos(t) => tos = t,
-                        ControlMessageOwned::Ipv6TClass(t) => tos = t as u8,
-                        ControlMessageOwned::UdpGroSegments(g) => {
-                            seg = usize::try_from(g).ok().filter(|&g| g > 0);
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            let len = m.bytes.min(size);
+            let len = m.len.min(size);
             self.meta.push(RxMeta {
                 len,
-                src: src.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
-                tos,
+                src: m.src.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
+                tos: m.tos,
                 // Too big for one packet (a coalesced buffer is checked datagram by datagram).
-                truncated: src.is_none()
-                    || m.bytes >= size
-                    || m.flags.contains(MsgFlags::MSG_TRUNC)
-                    || (seg.is_none() && m.bytes > MAX_DATAGRAM),
-                seg: seg.unwrap_or(len),
+                truncated: m.src.is_none()
+                    || m.len >= size
+                    || m.truncated
+                    || (m.gro.is_none() && m.len > MAX_DATAGRAM),
+                seg: m.gro.unwrap_or(len),
                 index: 0,
             });
-        }
-        if got > 0 {
-            // The kernel shrank each used header's control length to what it wrote, and nix
-            // does not restore it: fresh headers, or a later GRO size would be cut off.
-            self.headers = Self::headers(self.bufs.len());
         }
         self.meta.len()
     }
@@ -326,12 +280,10 @@ pub(crate) struct Flushed {
 pub(crate) struct TxBatch {
     pub(crate) bufs: Vec<Vec<u8>>,
     pub(crate) items: Vec<TxItem>,
-    plain: MultiHeaders<SockaddrStorage>,
-    segmented: MultiHeaders<SockaddrStorage>,
+    out: SendHeaders,
     mine: Vec<usize>,
     keyed: Vec<(SocketAddr, usize)>,
     msgs: Vec<Message>,
-    calls: Vec<(usize, usize, Option<usize>)>,
     senders: Vec<(usize, usize)>,
 }
 
@@ -345,12 +297,10 @@ impl TxBatch {
                 .map(|_| vec![0u8; TX_HEADROOM + MAX_DATAGRAM])
                 .collect(),
             items: Vec::with_capacity(n),
-            plain: MultiHeaders::preallocate(n, None),
-            segmented: MultiHeaders::preallocate(n, Some(nix::cmsg_space!(u16))),
+            out: SendHeaders::new(),
             mine: Vec::with_capacity(n),
             keyed: Vec::with_capacity(n),
             msgs: Vec::with_capacity(n),
-            calls: Vec::new(),
             senders: Vec::new(),
         }
     }
@@ -442,69 +392,38 @@ impl TxBatch {
                     let _ = framing.emit(&mut self.bufs[i][start..], it.len);
                 }
             }
-            gso::calls(&self.msgs, self.bufs.len(), &mut self.calls);
-            for c in 0..self.calls.len() {
-                let (a, b, seg) = self.calls[c];
-                self.send_call(sock, a, b, seg, &mut f);
+            self.out.clear();
+            for m in &self.msgs {
+                let peer = self.items[self.mine[m.first]].peer;
+                let gso = (m.count > 1).then(|| u16::try_from(m.seg).ok()).flatten();
+                self.out.message(peer, gso);
+                for &i in &self.mine[m.first..m.first + m.count] {
+                    self.out.segment(i, TX_HEADROOM, self.items[i].len);
+                }
             }
+            self.send_all(sock, &mut f);
         }
         self.items.clear();
         f
     }
 
-    /// Sends messages `a..b` of the current socket's plan in sendmmsg calls, waiting for
-    /// room when the socket buffer is full.
-    fn send_call(&mut self, sock: &Sock, a: usize, b: usize, seg: Option<usize>, f: &mut Flushed) {
-        let msgs = &self.msgs[a..b];
-        let iov: Vec<IoSlice<'_>> = msgs
-            .iter()
-            .flat_map(|m| self.mine[m.first..m.first + m.count].iter())
-            .map(|&i| IoSlice::new(&self.bufs[i][TX_HEADROOM..TX_HEADROOM + self.items[i].len]))
-            .collect();
-        let mut slices: Vec<&[IoSlice<'_>]> = Vec::with_capacity(msgs.len());
-        let mut at = 0;
-        for m in msgs {
-            slices.push(&iov[at..at + m.count]);
-            at += m.count;
-        }
-        let addrs: Vec<Option<SockaddrStorage>> = msgs
-            .iter()
-            .map(|m| Some(SockaddrStorage::from(self.items[self.mine[m.first]].peer)))
-            .collect();
-        let gso_size = seg.and_then(|g| u16::try_from(g).ok());
+    /// Sends the messages built for `sock`, waiting for room when its buffer is full.
+    fn send_all(&mut self, sock: &Sock, f: &mut Flushed) {
         let (mut done, mut stalls) = (0, 0);
-        while done < msgs.len() {
+        while done < self.out.len() {
             f.calls += 1;
-            let r = match &gso_size {
-                Some(g) => sendmmsg(
-                    sock.udp.as_raw_fd(),
-                    &mut self.segmented,
-                    &slices[done..],
-                    &addrs[done..],
-                    [ControlMessage::UdpGsoSegments(g)],
-                    MsgFlags::MSG_DONTWAIT,
-                ),
-                None => sendmmsg(
-                    sock.udp.as_raw_fd(),
-                    &mut self.plain,
-                    &slices[done..],
-                    &addrs[done..],
-                    [],
-                    MsgFlags::MSG_DONTWAIT,
-                ),
-            };
-            match r {
-                Ok(r) => {
-                    let n = r.count();
-                    for m in &msgs[done..done + n] {
-                        f.sent += m.count as u64;
-                        if m.count > 1 {
-                            f.segmented += m.count as u64;
+            match self.out.send(sock.udp.as_raw_fd(), &self.bufs, done) {
+                Ok(n) => {
+                    for m in done..done + n {
+                        let count = self.out.segments(m) as u64;
+                        f.sent += count;
+                        if count > 1 {
+                            f.segmented += count;
                         }
                     }
                     done += n;
                     if n == 0 {
-                        f.failed += msgs[done].count as u64;
+                        f.failed += self.out.segments(done) as u64;
                         done += 1;
                     }
                 }
@@ -520,7 +439,8 @@ impl TxBatch {
                 Err(e) => {
                     // Unreachable peer, EMSGSIZE...: the packets are lost; RC retransmits. A
                     // kernel or route that refuses segmentation gets plain datagrams from now.
-                    if msgs[done].count > 1
+                    let count = self.out.segments(done);
+                    if count > 1
                         && matches!(
                             e,
                             nix::errno::Errno::EINVAL
@@ -531,7 +451,7 @@ impl TxBatch {
                     {
                         sock.gso.store(false, Ordering::Relaxed);
                     }
-                    f.failed += msgs[done].count as u64;
+                    f.failed += count as u64;
                     done += 1;
                 }
             }
