@@ -43,6 +43,9 @@ pub(crate) struct ConnArgs {
     /// UDP source ports for QPs to send from (ECMP entropy); 0: send from the RNIC's port.
     #[arg(long = "source-ports", default_value_t = 8)]
     pub(crate) source_ports: usize,
+    /// Copy every payload into a packet buffer (no zero-copy gather from the region).
+    #[arg(long = "no-zero-copy")]
+    pub(crate) no_zero_copy: bool,
 }
 
 /// A connected QP and everything it hangs off.
@@ -83,6 +86,7 @@ pub(crate) fn open(
             congestion,
             gso: !a.no_gso,
             source_ports: a.source_ports,
+            zero_copy: !a.no_zero_copy,
             ..ContextConfig::default()
         },
     )?;

@@ -141,6 +141,16 @@ pub trait MemoryAccess {
     fn check(&self, key: Key, addr: u64, len: u64, access: Access) -> Result<(), MemError>;
     /// Copies `out.len()` bytes at `addr` into `out` (access `LocalRead` or `RemoteRead`).
     fn read(&self, key: Key, addr: u64, out: &mut [u8], access: Access) -> Result<(), MemError>;
+    /// Zero-copy sends: offers to lend the `len` bytes at `addr` (a local key) for bytes
+    /// `at..at + len` of the payload of the packet being built, instead of copying them into
+    /// it. An implementation that sends straight from registered memory checks the access
+    /// as [`read`](Self::read) does, notes the range and returns `Ok(true)`, leaving those
+    /// payload bytes of the packet buffer unwritten; the default declines (`Ok(false)`) and
+    /// the bytes are copied.
+    fn lend(&self, key: Key, addr: u64, len: usize, at: usize) -> Result<bool, MemError> {
+        let _ = (key, addr, len, at);
+        Ok(false)
+    }
     /// Copies `data` to `addr` (access `LocalWrite` or `RemoteWrite`).
     fn write(&mut self, key: Key, addr: u64, data: &[u8], access: Access) -> Result<(), MemError>;
     /// Executes an atomic on the 8-byte little-endian word at `addr`; returns the old value.

@@ -474,7 +474,11 @@ pub(crate) fn gather<M: MemoryAccess + ?Sized>(
     out: &mut [u8],
 ) -> Result<(), WcStatus> {
     walk_sges(sges, offset, out.len(), |s, addr, r| {
-        mem.read(Key::Local(s.lkey), addr, &mut out[r], Access::LocalRead)
+        let key = Key::Local(s.lkey);
+        if mem.lend(key, addr, r.len(), r.start)? {
+            return Ok(());
+        }
+        mem.read(key, addr, &mut out[r], Access::LocalRead)
     })
 }
 

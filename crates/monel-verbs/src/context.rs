@@ -67,6 +67,10 @@ pub struct ContextConfig {
     /// (RoCE NICs and rxe give each QP its own source port). 0: every packet leaves from
     /// `udp_port`. Receiving is always on `udp_port`. At most 256.
     pub source_ports: usize,
+    /// Zero-copy sends: request payloads of at least 512 bytes go from the registered
+    /// region straight into the send system call (an iovec per piece), not through a
+    /// packet buffer. The region's lock is held while the batch is sent.
+    pub zero_copy: bool,
 }
 
 impl Default for ContextConfig {
@@ -80,6 +84,7 @@ impl Default for ContextConfig {
             batch: 32,
             gso: true,
             source_ports: 8,
+            zero_copy: true,
         }
     }
 }

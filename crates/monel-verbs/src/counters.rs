@@ -38,6 +38,9 @@ pub struct DeviceCounters {
     pub tx_segmented: u64,
     /// Datagrams received coalesced by GRO (several in one buffer).
     pub rx_coalesced: u64,
+    /// Payload bytes sent straight from registered memory (zero-copy gather), not copied
+    /// into a packet buffer first.
+    pub tx_zero_copy_bytes: u64,
     /// Live QPs.
     pub qps: u64,
     /// Live memory regions (including per-QP inline buffers).
@@ -48,7 +51,7 @@ pub struct DeviceCounters {
 
 impl DeviceCounters {
     /// Every counter by name, in display order (the QPs' sums prefixed `qp_`).
-    pub fn rows(&self) -> [(&'static str, u64); 29] {
+    pub fn rows(&self) -> [(&'static str, u64); 30] {
         let q = &self.qp;
         [
             ("rx_packets", self.rx_packets),
@@ -64,6 +67,7 @@ impl DeviceCounters {
             ("tx_errors", self.tx_errors),
             ("tx_segmented", self.tx_segmented),
             ("rx_coalesced", self.rx_coalesced),
+            ("tx_zero_copy_bytes", self.tx_zero_copy_bytes),
             ("qps", self.qps),
             ("mrs", self.mrs),
             ("qp_retransmitted", q.retransmitted_packets),

@@ -20,8 +20,9 @@ use nix::sys::time::TimeSpec;
 use crate::context::{Core, DevShared, device_event};
 use crate::cq::CqShared;
 use crate::mr::PdMemory;
-use crate::netio::{MAX_DATAGRAM, RxBatch, RxMeta, TX_HEADROOM, TxBatch};
+use crate::netio::{MAX_DATAGRAM, RxBatch, RxMeta};
 use crate::qp_kind::QpKind;
+use crate::tx::{TX_HEADROOM, TxBatch};
 
 /// Checks the ICRC of a datagram received on a UDP socket. IPv6: every covered field is known.
 /// IPv4: the IP ID is not visible, so the check first assumes the ID the datagram most likely
@@ -432,6 +433,7 @@ fn deliver(
     let mut mem = PdMemory {
         table: mrs,
         pd: slot.pd,
+        lends: None,
     };
     match &mut slot.qp {
         QpKind::Rc(q) => {
@@ -471,6 +473,7 @@ fn flush(tx: &mut TxBatch, shared: &DevShared, c: &mut crate::DeviceCounters) {
     c.tx_errors += f.failed;
     c.tx_batches += f.calls;
     c.tx_segmented += f.segmented;
+    c.tx_zero_copy_bytes += f.lent_bytes;
 }
 
 /// Which QPs a [`service`] pass looks at.
@@ -569,7 +572,11 @@ fn transmit_datagrams(
     (qpn, pd): (u32, u32),
     ud: &mut monel_rc::UdQp,
 ) {
-    let mem = PdMemory { table: mrs, pd };
+    let mem = PdMemory {
+        table: mrs,
+        pd,
+        lends: None,
+    };
     loop {
         if tx.is_full() {
             flush(tx, shared, counters);
@@ -654,15 +661,17 @@ fn service_slot(
     if let (true, Some((si, peer)), QpKind::Rc(rc)) = (transmit, slot.peer, &mut slot.qp) {
         let lane = shared.sockets.lane_of(si, qpn);
         let framing = framing_to(shared, si, lane, peer, rc.attr().ah_attr.hop_limit);
-        let mem = PdMemory {
-            table: mrs,
-            pd: slot.pd,
-        };
         loop {
             if tx.is_full() {
                 flush(tx, shared, counters);
             }
-            let buf = tx.next_buf();
+            // Payloads of requests are lent straight from registered memory.
+            let (buf, lends) = tx.next_buf_lending();
+            let mem = PdMemory {
+                table: &mut *mrs,
+                pd: slot.pd,
+                lends: shared.config.zero_copy.then_some(lends),
+            };
             let Some(o) = rc.poll_transmit(t, &mut buf[TX_HEADROOM..], &mem) else {
                 break;
             };

@@ -28,6 +28,7 @@ pub mod pingpong;
 mod qp_kind;
 mod srq;
 pub mod transfer;
+mod tx;
 mod ud;
 
 pub use context::{

@@ -247,11 +247,20 @@ fn to_storage(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     (s, len as libc::socklen_t)
 }
 
+/// Where a segment's bytes are: one of the caller's packet buffers, or one of its views of
+/// registered memory (zero-copy payloads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Src {
+    Buf(usize),
+    View(usize),
+}
+
 /// One message being built: its segments `first..first + count` of the segment list.
 #[derive(Clone, Copy)]
 struct Msg {
     first: usize,
     count: usize,
+    packets: usize,
     gso: Option<u16>,
 }
 
@@ -263,8 +272,8 @@ pub(crate) struct SendHeaders {
     names: Vec<(libc::sockaddr_storage, libc::socklen_t)>,
     ctrl: Vec<SendCtrl>,
     msgs: Vec<Msg>,
-    /// (buffer index, start, length).
-    segs: Vec<(usize, usize, usize)>,
+    /// (source, start, length).
+    segs: Vec<(Src, usize, usize)>,
     /// Peer of the newest message (its sockaddr is reused while the peer stays).
     last_peer: Option<SocketAddr>,
 }
@@ -293,11 +302,6 @@ impl SendHeaders {
         self.msgs.len()
     }
 
-    /// Segments in message `i`.
-    pub(crate) fn segments(&self, i: usize) -> usize {
-        self.msgs[i].count
-    }
-
     /// Starts a message to `peer`; `gso`: the kernel cuts it into datagrams of that size.
     pub(crate) fn message(&mut self, peer: SocketAddr, gso: Option<u16>) {
         let k = self.msgs.len();
@@ -315,31 +319,54 @@ impl SendHeaders {
         self.msgs.push(Msg {
             first: self.segs.len(),
             count: 0,
+            packets: 0,
             gso,
         });
     }
 
-    /// Adds bytes `start..start + len` of buffer `buf` to the newest message.
-    pub(crate) fn segment(&mut self, buf: usize, start: usize, len: usize) {
+    /// Adds bytes `start..start + len` of `src` to the newest message.
+    pub(crate) fn segment(&mut self, src: Src, start: usize, len: usize) {
         if let Some(m) = self.msgs.last_mut() {
             m.count += 1;
-            self.segs.push((buf, start, len));
+            self.segs.push((src, start, len));
+        }
+    }
+
+    /// Packets in message `i` (the iovecs of a packet sent from several pieces count once:
+    /// see [`Self::packet`]).
+    pub(crate) fn packets(&self, i: usize) -> usize {
+        self.msgs[i].packets
+    }
+
+    /// Marks the end of a packet in the newest message.
+    pub(crate) fn packet(&mut self) {
+        if let Some(m) = self.msgs.last_mut() {
+            m.packets += 1;
         }
     }
 
     /// Sends messages `from..` in one sendmmsg call without blocking, gathering from
-    /// `bufs`. Returns how many messages the kernel took.
+    /// `bufs` and `views`. Returns how many messages the kernel took.
     ///
     /// # Panics
-    /// If a segment lies outside its buffer (a caller bug).
-    pub(crate) fn send(&mut self, fd: RawFd, bufs: &[Vec<u8>], from: usize) -> nix::Result<usize> {
+    /// If a segment lies outside its source (a caller bug).
+    pub(crate) fn send(
+        &mut self,
+        fd: RawFd,
+        bufs: &[Vec<u8>],
+        views: &[&[u8]],
+        from: usize,
+    ) -> nix::Result<usize> {
         let msgs = &self.msgs[from..];
         if msgs.is_empty() {
             return Ok(0);
         }
         self.iovs.clear();
-        for &(b, start, len) in &self.segs[msgs[0].first..] {
-            let s = &bufs[b][start..start + len];
+        for &(src, start, len) in &self.segs[msgs[0].first..] {
+            let s = match src {
+                Src::Buf(b) => &bufs[b][start..start + len],
+                Src::View(v) => &views[v][start..start + len],
+            };
             self.iovs.push(libc::iovec {
                 iov_base: s.as_ptr().cast_mut().cast(),
                 iov_len: s.len(),
@@ -379,8 +406,8 @@ impl SendHeaders {
         }
         // SAFETY: headers `from..from + msgs.len()` point at this struct's live name,
         // control and iovec arrays (not resized during the call) and the iovecs at byte
-        // ranges of `bufs`, borrowed for the call and checked in bounds above; the kernel
-        // only reads them.
+        // ranges of `bufs` and `views`, borrowed for the call and checked in bounds above;
+        // the kernel only reads them.
         #[allow(unsafe_code)]
         let r = unsafe {
             libc::sendmmsg(
@@ -429,16 +456,21 @@ mod tests {
         // One GSO message of three 100-byte segments (gathered from three buffers, the
         // last segment from two pieces), then a plain 50-byte datagram.
         let bufs: Vec<Vec<u8>> = (0..4u8).map(|i| vec![i + 1; 100]).collect();
+        let view = [4u8; 40];
         let mut s = SendHeaders::new();
         s.message(to, Some(100));
-        s.segment(0, 0, 100);
-        s.segment(1, 0, 100);
-        s.segment(2, 0, 60);
-        s.segment(3, 0, 40);
+        s.segment(Src::Buf(0), 0, 100);
+        s.packet();
+        s.segment(Src::Buf(1), 0, 100);
+        s.packet();
+        s.segment(Src::Buf(2), 0, 60);
+        s.segment(Src::View(0), 0, 40);
+        s.packet();
         s.message(to, None);
-        s.segment(3, 0, 50);
-        assert_eq!((s.len(), s.segments(0), s.segments(1)), (2, 4, 1));
-        s.send(tx.as_raw_fd(), &bufs, 0).unwrap()
+        s.segment(Src::Buf(3), 0, 50);
+        s.packet();
+        assert_eq!((s.len(), s.packets(0), s.packets(1)), (2, 3, 1));
+        s.send(tx.as_raw_fd(), &bufs, &[&view[..]], 0).unwrap()
     }
 
     #[test]

@@ -6,8 +6,10 @@
 //! Deregistration removes the keys under the device lock, so once `dereg` returns no packet
 //! can touch the region; later requests naming it fail with an access error.
 
-use crate::idmap::IdMap;
+use std::cell::RefCell;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use crate::idmap::IdMap;
 
 use monel_rc::AccessFlags;
 use monel_rc::memory::{Access, AtomicOp, Key, MemError, MemoryAccess};
@@ -60,6 +62,52 @@ impl MrShared {
         }
     }
 }
+
+/// A region's bytes, held for reading while a batch of packets is sent straight from them.
+pub(crate) enum MrView<'a> {
+    Owned(MutexGuard<'a, Box<[u8]>>),
+    Raw(&'a [u8]),
+}
+
+impl MrView<'_> {
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match self {
+            Self::Owned(g) => g,
+            Self::Raw(s) => s,
+        }
+    }
+}
+
+impl MrShared {
+    /// Holds the region's bytes for reading (its lock, for an owned buffer).
+    pub(crate) fn view(&self) -> MrView<'_> {
+        match &self.backing {
+            Backing::Owned(m) => MrView::Owned(m.lock().unwrap_or_else(PoisonError::into_inner)),
+            Backing::Raw { ptr, len } => {
+                // SAFETY: as in `with`: `reg_mr_raw`'s contract keeps [ptr, ptr + len) valid
+                // while the region is registered, and the engine holds views only under the
+                // key table's lock, which deregistration needs.
+                #[allow(unsafe_code)]
+                let s = unsafe { std::slice::from_raw_parts(*ptr as *const u8, *len) };
+                MrView::Raw(s)
+            }
+        }
+    }
+}
+
+/// Bytes of a region lent to a packet being sent (see [`MemoryAccess::lend`]): `len` bytes
+/// at `off` in the region fill bytes `at..at + len` of the packet's payload.
+#[derive(Debug, Clone)]
+pub(crate) struct Lent {
+    pub(crate) mr: Arc<MrShared>,
+    pub(crate) off: usize,
+    pub(crate) len: usize,
+    pub(crate) at: usize,
+}
+
+/// Pieces shorter than this are copied into the packet rather than lent: an iovec and a
+/// region lock at send time cost more than copying a few hundred bytes.
+pub(crate) const LEND_MIN: usize = 512;
 
 /// A registered memory region (`ibv_mr`). Owned regions hold their buffer; read and write it
 /// with [`read`](Self::read), [`write`](Self::write) or [`lock`](Self::lock).
@@ -195,6 +243,8 @@ impl MrTable {
 pub(crate) struct PdMemory<'a> {
     pub(crate) table: &'a mut MrTable,
     pub(crate) pd: u32,
+    /// Where lent payload ranges are noted; `None`: payloads are copied.
+    pub(crate) lends: Option<&'a RefCell<Vec<Lent>>>,
 }
 
 impl PdMemory<'_> {
@@ -255,6 +305,25 @@ impl MemoryAccess for PdMemory<'_> {
         let off = (addr - mr.addr) as usize;
         mr.with(|b| out.copy_from_slice(&b[off..off + out.len()]));
         Ok(())
+    }
+    fn lend(
+        &self,
+        key: Key,
+        addr: u64,
+        len: usize,
+        at: usize,
+    ) -> std::result::Result<bool, MemError> {
+        let Some(lends) = self.lends.filter(|_| len >= LEND_MIN) else {
+            return Ok(false);
+        };
+        let mr = self.find(key, addr, len as u64, Access::LocalRead)?;
+        lends.borrow_mut().push(Lent {
+            mr: mr.clone(),
+            off: (addr - mr.addr) as usize,
+            len,
+            at,
+        });
+        Ok(true)
     }
     fn write(
         &mut self,

@@ -3,17 +3,15 @@
 //! only module of the soft RNIC that makes system calls.
 
 use std::net::{IpAddr, SocketAddr, SocketAddrV6, UdpSocket};
-use std::os::fd::{AsFd, AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::AtomicBool;
 
-use monel_wire::{FrameRepr, ICRC_LEN, IpAddress};
 use nix::sys::socket::{setsockopt, sockopt};
 
 use crate::context::ContextConfig;
 use crate::device::{Device, is_link_local};
 use crate::error::{Result, VerbsError};
-use crate::gso::{self, Message};
-use crate::mmsg::{Received, RecvHeaders, SendHeaders};
+use crate::mmsg::{Received, RecvHeaders};
 
 /// Largest datagram accepted: 4096-byte MTU plus every header, with room to spare, so an
 /// oversized packet is seen whole and dropped rather than truncated into something valid.
@@ -28,7 +26,7 @@ pub(crate) struct Sock {
     pub(crate) udp: UdpSocket,
     pub(crate) local: SocketAddr,
     /// Send runs of equal-size packets as one GSO message (cleared if the kernel refuses).
-    gso: AtomicBool,
+    pub(crate) gso: AtomicBool,
 }
 
 /// The device's sockets, indexed like its GID table.
@@ -250,211 +248,5 @@ impl RxBatch {
             });
         }
         self.meta.len()
-    }
-}
-
-/// A packet queued for sending: the RoCE packet sits at `TX_HEADROOM..TX_HEADROOM + len` of
-/// its buffer. It is framed (ICRC) when the batch is flushed, once its IPv4 ID is known.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct TxItem {
-    pub(crate) si: usize,
-    /// Which of the GID's sockets sends it (see [`Sockets::sender`]).
-    pub(crate) lane: usize,
-    pub(crate) peer: SocketAddr,
-    pub(crate) len: usize,
-    pub(crate) framing: FrameRepr,
-}
-
-/// What one flush did.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Flushed {
-    pub(crate) sent: u64,
-    pub(crate) failed: u64,
-    pub(crate) calls: u64,
-    /// Packets that left inside GSO messages.
-    pub(crate) segmented: u64,
-}
-
-/// Packets waiting for sendmmsg calls: runs of equal-size packets to one peer leave as GSO
-/// messages where the socket allows (see [`crate::gso`]).
-pub(crate) struct TxBatch {
-    pub(crate) bufs: Vec<Vec<u8>>,
-    pub(crate) items: Vec<TxItem>,
-    out: SendHeaders,
-    mine: Vec<usize>,
-    keyed: Vec<(SocketAddr, usize)>,
-    msgs: Vec<Message>,
-    senders: Vec<(usize, usize)>,
-}
-
-/// Room in front of each packet for the IP and UDP headers the ICRC needs.
-pub(crate) const TX_HEADROOM: usize = 48;
-
-impl TxBatch {
-    pub(crate) fn new(n: usize) -> Self {
-        Self {
-            bufs: (0..n)
-                .map(|_| vec![0u8; TX_HEADROOM + MAX_DATAGRAM])
-                .collect(),
-            items: Vec::with_capacity(n),
-            out: SendHeaders::new(),
-            mine: Vec::with_capacity(n),
-            keyed: Vec::with_capacity(n),
-            msgs: Vec::with_capacity(n),
-            senders: Vec::new(),
-        }
-    }
-    pub(crate) fn is_full(&self) -> bool {
-        self.items.len() == self.bufs.len()
-    }
-    /// The next free buffer.
-    pub(crate) fn next_buf(&mut self) -> &mut [u8] {
-        let i = self.items.len();
-        &mut self.bufs[i]
-    }
-
-    /// Queues the `len`-byte RoCE packet just written after the headroom of the next buffer.
-    /// Returns false (nothing queued) if it cannot be framed.
-    pub(crate) fn push(
-        &mut self,
-        si: usize,
-        lane: usize,
-        peer: SocketAddr,
-        len: usize,
-        framing: FrameRepr,
-    ) -> bool {
-        // What `FrameRepr::emit` needs, checked here so the flush (which frames once the IP
-        // IDs are known) cannot fail.
-        let same_family = matches!(
-            (framing.src, framing.dst),
-            (IpAddress::V4(_), IpAddress::V4(_)) | (IpAddress::V6(_), IpAddress::V6(_))
-        );
-        if len < 12 + ICRC_LEN || TX_HEADROOM + len > self.next_buf().len() || !same_family {
-            return false;
-        }
-        self.items.push(TxItem {
-            si,
-            lane,
-            peer,
-            len,
-            framing,
-        });
-        true
-    }
-
-    /// Frames and sends everything queued, socket by socket, in order.
-    pub(crate) fn flush(&mut self, socks: &Sockets) -> Flushed {
-        let mut f = Flushed::default();
-        // The sockets in use, in the order of their first packet.
-        self.senders.clear();
-        for it in &self.items {
-            if !self.senders.contains(&(it.si, it.lane)) {
-                self.senders.push((it.si, it.lane));
-            }
-        }
-        for s in 0..self.senders.len() {
-            let (si, lane) = self.senders[s];
-            let sock = socks.sender(si, lane);
-            self.mine.clear();
-            self.mine.extend(
-                (0..self.items.len())
-                    .filter(|&i| self.items[i].si == si && self.items[i].lane == lane),
-            );
-            if self.mine.is_empty() {
-                continue;
-            }
-            self.keyed.clear();
-            self.keyed.extend(
-                self.mine
-                    .iter()
-                    .map(|&i| (self.items[i].peer, self.items[i].len)),
-            );
-            if sock.gso.load(Ordering::Relaxed) {
-                gso::plan(&self.keyed, &mut self.msgs);
-            } else {
-                self.msgs.clear();
-                self.msgs
-                    .extend(self.keyed.iter().enumerate().map(|(k, p)| Message {
-                        first: k,
-                        count: 1,
-                        seg: p.1,
-                    }));
-            }
-            // The ICRC now that the IPv4 IDs are known: the k-th segment of a message gets k.
-            for m in &self.msgs {
-                for k in 0..m.count {
-                    let i = self.mine[m.first + k];
-                    let it = self.items[i];
-                    let mut framing = it.framing;
-                    framing.ident = k as u16;
-                    let start = TX_HEADROOM - framing.header_len();
-                    // Checked by `push`.
-                    let _ = framing.emit(&mut self.bufs[i][start..], it.len);
-                }
-            }
-            self.out.clear();
-            for m in &self.msgs {
-                let peer = self.items[self.mine[m.first]].peer;
-                let gso = (m.count > 1).then(|| u16::try_from(m.seg).ok()).flatten();
-                self.out.message(peer, gso);
-                for &i in &self.mine[m.first..m.first + m.count] {
-                    self.out.segment(i, TX_HEADROOM, self.items[i].len);
-                }
-            }
-            self.send_all(sock, &mut f);
-        }
-        self.items.clear();
-        f
-    }
-
-    /// Sends the messages built for `sock`, waiting for room when its buffer is full.
-    fn send_all(&mut self, sock: &Sock, f: &mut Flushed) {
-        let (mut done, mut stalls) = (0, 0);
-        while done < self.out.len() {
-            f.calls += 1;
-            match self.out.send(sock.udp.as_raw_fd(), &self.bufs, done) {
-                Ok(n) => {
-                    for m in done..done + n {
-                        let count = self.out.segments(m) as u64;
-                        f.sent += count;
-                        if count > 1 {
-                            f.segmented += count;
-                        }
-                    }
-                    done += n;
-                    if n == 0 {
-                        f.failed += self.out.segments(done) as u64;
-                        done += 1;
-                    }
-                }
-                Err(nix::errno::Errno::EAGAIN) if stalls < 100 => {
-                    // Socket buffer full: wait for room rather than drop.
-                    stalls += 1;
-                    let mut p = [nix::poll::PollFd::new(
-                        sock.udp.as_fd(),
-                        nix::poll::PollFlags::POLLOUT,
-                    )];
-                    let _ = nix::poll::poll(&mut p, 10u16);
-                }
-                Err(e) => {
-                    // Unreachable peer, EMSGSIZE...: the packets are lost; RC retransmits. A
-                    // kernel or route that refuses segmentation gets plain datagrams from now.
-                    let count = self.out.segments(done);
-                    if count > 1
-                        && matches!(
-                            e,
-                            nix::errno::Errno::EINVAL
-                                | nix::errno::Errno::EIO
-                                | nix::errno::Errno::EOPNOTSUPP
-                                | nix::errno::Errno::ENOPROTOOPT
-                        )
-                    {
-                        sock.gso.store(false, Ordering::Relaxed);
-                    }
-                    f.failed += count as u64;
-                    done += 1;
-                }
-            }
-        }
     }
 }

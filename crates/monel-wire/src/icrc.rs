@@ -13,41 +13,70 @@ const PREFIX: usize = 8;
 /// Computes the ICRC of a RoCEv2 packet from its IP header (20 bytes for IPv4 without options,
 /// 40 for IPv6), its UDP header (8 bytes) and the RoCE packet without its trailing ICRC.
 pub fn compute(ip_header: &[u8], udp_header: &[u8], roce: &[u8]) -> Result<u32> {
-    let ip_len = ip_header.len();
-    if !(ip_len == 20 || ip_len == 40) || udp_header.len() != 8 {
-        return Err(WireError::BadLength);
-    }
     if roce.len() < 12 {
         return Err(WireError::Truncated);
     }
-    let mut pre = [0u8; PREFIX + 40 + 8 + 12];
-    pre[..PREFIX].fill(0xff);
-    let ip = PREFIX..PREFIX + ip_len;
-    pre[ip.clone()].copy_from_slice(ip_header);
-    let ipb = &mut pre[ip];
-    if ip_len == 20 {
-        ipb[1] = 0xff; // TOS
-        ipb[8] = 0xff; // TTL
-        ipb[10] = 0xff; // header checksum
-        ipb[11] = 0xff;
-    } else {
-        ipb[0] |= 0x0f; // traffic class, high nibble
-        ipb[1] = 0xff; // traffic class low nibble + flow label
-        ipb[2] = 0xff;
-        ipb[3] = 0xff;
-        ipb[7] = 0xff; // hop limit
+    let mut s = IcrcStream::new(ip_header, udp_header, &roce[..12])?;
+    s.update(&roce[12..]);
+    Ok(s.finish())
+}
+
+/// The ICRC of a packet whose bytes are not contiguous (its headers in one buffer, its
+/// payload gathered from elsewhere): started from the IP and UDP headers and the BTH, then
+/// fed the rest of the packet in order, without the ICRC itself.
+#[derive(Clone)]
+pub struct IcrcStream {
+    h: crc32fast::Hasher,
+}
+
+impl IcrcStream {
+    /// Starts from the IP header (20 or 40 bytes), the UDP header (8) and the BTH (12).
+    pub fn new(ip_header: &[u8], udp_header: &[u8], bth: &[u8]) -> Result<Self> {
+        let ip_len = ip_header.len();
+        if !(ip_len == 20 || ip_len == 40) || udp_header.len() != 8 {
+            return Err(WireError::BadLength);
+        }
+        if bth.len() != 12 {
+            return Err(WireError::Truncated);
+        }
+        let mut pre = [0u8; PREFIX + 40 + 8 + 12];
+        pre[..PREFIX].fill(0xff);
+        let ip = PREFIX..PREFIX + ip_len;
+        pre[ip.clone()].copy_from_slice(ip_header);
+        let ipb = &mut pre[ip];
+        if ip_len == 20 {
+            ipb[1] = 0xff; // TOS
+            ipb[8] = 0xff; // TTL
+            ipb[10] = 0xff; // header checksum
+            ipb[11] = 0xff;
+        } else {
+            ipb[0] |= 0x0f; // traffic class, high nibble
+            ipb[1] = 0xff; // traffic class low nibble + flow label
+            ipb[2] = 0xff;
+            ipb[3] = 0xff;
+            ipb[7] = 0xff; // hop limit
+        }
+        let udp = PREFIX + ip_len;
+        pre[udp..udp + 8].copy_from_slice(udp_header);
+        pre[udp + 6] = 0xff; // UDP checksum
+        pre[udp + 7] = 0xff;
+        let bth_at = udp + 8;
+        pre[bth_at..bth_at + 12].copy_from_slice(bth);
+        pre[bth_at + 4] = 0xff; // FECN, BECN, resv6a
+        let mut h = crc32fast::Hasher::new();
+        h.update(&pre[..bth_at + 12]);
+        Ok(Self { h })
     }
-    let udp = PREFIX + ip_len;
-    pre[udp..udp + 8].copy_from_slice(udp_header);
-    pre[udp + 6] = 0xff; // UDP checksum
-    pre[udp + 7] = 0xff;
-    let bth = udp + 8;
-    pre[bth..bth + 12].copy_from_slice(&roce[..12]);
-    pre[bth + 4] = 0xff; // FECN, BECN, resv6a
-    let mut h = crc32fast::Hasher::new();
-    h.update(&pre[..bth + 12]);
-    h.update(&roce[12..]);
-    Ok(h.finalize())
+
+    /// Feeds the next bytes of the packet.
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.h.update(bytes);
+    }
+
+    /// The ICRC (as a number; it goes on the wire little-endian).
+    pub fn finish(self) -> u32 {
+        self.h.finalize()
+    }
 }
 
 /// What a receiver behind a UDP socket needs to check IPv4 ICRCs: the socket shows the
@@ -170,6 +199,27 @@ mod tests {
         let icrc = compute(&ip, &udp, &roce).unwrap();
         assert_eq!(icrc, 0xf353_f378);
         assert_eq!(icrc.to_le_bytes(), [0x78, 0xf3, 0x53, 0xf3]);
+    }
+
+    #[test]
+    fn a_stream_over_any_split_equals_the_whole() {
+        let ip = hex("4501 0040 0478 4000 4011 b4d5 c0a80007 c0a80007");
+        let udp = hex("c000 12b7 002c aca2");
+        let roce = hex("2460ffff000000d300cf1710 4630818be28935d90e9a95505401be885e50 0000");
+        let whole = compute(&ip, &udp, &roce).unwrap();
+        for cut in 12..roce.len() {
+            for cut2 in cut..roce.len() {
+                let mut s = IcrcStream::new(&ip, &udp, &roce[..12]).unwrap();
+                s.update(&roce[12..cut]);
+                s.update(&roce[cut..cut2]);
+                s.update(&roce[cut2..]);
+                assert_eq!(s.finish(), whole, "cuts at {cut} and {cut2}");
+            }
+        }
+        assert_eq!(
+            IcrcStream::new(&ip, &udp, &roce[..11]).err(),
+            Some(WireError::Truncated)
+        );
     }
 
     #[test]
