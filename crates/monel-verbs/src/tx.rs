@@ -28,6 +28,8 @@ pub(crate) struct TxItem {
     pub(crate) len: usize,
     pub(crate) framing: FrameRepr,
     lent: (usize, usize),
+    /// Where the payload starts (known for packets with lent payload).
+    hdr: usize,
 }
 
 /// What one flush did.
@@ -142,9 +144,13 @@ impl TxBatch {
         let i = self.items.len();
         let fits = len >= 12 + ICRC_LEN && TX_HEADROOM + len <= self.bufs[i].len();
         // Lent ranges must lie inside the payload, in order.
+        let hdr = if pending.is_empty() || !fits {
+            0
+        } else {
+            RocePacket::new_checked(&self.bufs[i][TX_HEADROOM..TX_HEADROOM + len])
+                .map_or(len, |p| p.header_len())
+        };
         let lends_fit = pending.is_empty() || {
-            let hdr = RocePacket::new_checked(&self.bufs[i][TX_HEADROOM..TX_HEADROOM + len])
-                .map_or(len, |p| p.header_len());
             let mut at = 0;
             pending.iter().all(|l| {
                 let ok = l.at >= at && hdr + l.at + l.len <= len - ICRC_LEN;
@@ -165,6 +171,7 @@ impl TxBatch {
             len,
             framing,
             lent: (start, self.lent.len()),
+            hdr,
         });
         true
     }
@@ -243,9 +250,8 @@ impl TxBatch {
                         self.out.segment(Src::Buf(i), TX_HEADROOM, it.len);
                     } else {
                         let views = &view_of[it.lent.0..it.lent.1];
-                        frame_gathered(&framing, buf, it.len, lent, views, &slices);
-                        let hdr = header_len(buf, it.len);
-                        pieces(it.len, hdr, lent, |p, n| match p {
+                        frame_gathered(&framing, buf, (it.len, it.hdr), lent, views, &slices);
+                        pieces(it.len, it.hdr, lent, |p, n| match p {
                             Piece::Buf(a, _) => self.out.segment(Src::Buf(i), TX_HEADROOM + a, n),
                             Piece::Lent(k) => self.out.segment(Src::View(views[k]), lent[k].off, n),
                         });
@@ -263,18 +269,13 @@ impl TxBatch {
     }
 }
 
-/// The payload offset of the `len`-byte packet after the headroom of `buf` (checked by
-/// `push` for packets with lent payload).
-fn header_len(buf: &[u8], len: usize) -> usize {
-    RocePacket::new_checked(&buf[TX_HEADROOM..TX_HEADROOM + len]).map_or(len, |p| p.header_len())
-}
-
-/// Writes the IP/UDP headers into the headroom and the ICRC into the trailer of a packet
-/// whose payload is partly lent: the ICRC runs over its pieces in wire order.
+/// Writes the IP/UDP headers into the headroom and the ICRC into the trailer of a `len`-byte
+/// packet whose payload (from `hdr`) is partly lent: the ICRC runs over its pieces in wire
+/// order.
 fn frame_gathered(
     framing: &FrameRepr,
     buf: &mut [u8],
-    len: usize,
+    (len, hdr): (usize, usize),
     lent: &[Lent],
     views: &[usize],
     slices: &[&[u8]],
@@ -288,7 +289,6 @@ fn frame_gathered(
     {
         return;
     }
-    let hdr = header_len(buf, len);
     let (head, packet) = buf.split_at_mut(TX_HEADROOM);
     let Ok(mut crc) = IcrcStream::new(
         &head[start..start + hl - 8],

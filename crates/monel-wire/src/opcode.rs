@@ -98,6 +98,18 @@ impl ExtLayout {
     }
 }
 
+/// Every opcode's extension headers, worked out once at compile time: looked up on every
+/// packet parsed and emitted.
+const LAYOUTS: [Option<ExtLayout>; 256] = {
+    let mut t = [None; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = Opcode(i as u8).derive_layout();
+        i += 1;
+    }
+    t
+};
+
 /// A BTH opcode. Any byte can be held; [`Opcode::operation`] says whether it is one Monel
 /// speaks.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -209,6 +221,11 @@ impl Opcode {
 
     /// The extension headers this opcode carries, or `None` if unsupported.
     pub const fn layout(self) -> Option<ExtLayout> {
+        LAYOUTS[self.0 as usize]
+    }
+
+    /// [`Self::layout`] worked out from the operation (tabulated in `LAYOUTS`).
+    const fn derive_layout(self) -> Option<ExtLayout> {
         use Operation::*;
         let Some(op) = self.operation() else {
             return None;
