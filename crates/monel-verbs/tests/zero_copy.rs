@@ -15,40 +15,16 @@ fn pattern(n: usize, seed: u32) -> Vec<u8> {
 
 /// Two sides with `zero_copy` as given.
 fn pair_with(x: u8, port: u16, mtu: Mtu, zero_copy: bool) -> (Side, Side) {
-    let side = |ip: String| {
-        let dev = Device::bind(ip.parse().unwrap()).unwrap();
-        let ctx = Context::open(
-            &dev,
-            ContextConfig {
-                udp_port: port,
-                zero_copy,
-                ..ContextConfig::default()
-            },
-        )
-        .unwrap();
-        let pd = ctx.alloc_pd();
-        let cq = ctx.create_cq(256).unwrap();
-        let qp = pd
-            .create_qp(&QpInitAttr {
-                send_cq: &cq,
-                recv_cq: &cq,
-                cap: QpCap {
-                    max_send_sge: 16,
-                    ..QpCap::default()
-                },
-                qp_type: QpType::Rc,
-                sq_sig_all: false,
-                srq: None,
-            })
-            .unwrap();
-        Side {
-            ctx,
-            pd,
-            cq,
-            qp,
-            psn: random_psn(),
-        }
+    let cfg = ContextConfig {
+        udp_port: port,
+        zero_copy,
+        ..ContextConfig::default()
     };
+    let cap = QpCap {
+        max_send_sge: 16,
+        ..QpCap::default()
+    };
+    let side = |ip: String| side_with(&ip, cfg.clone(), cap);
     let a = side(format!("127.0.0.{x}"));
     let b = side(format!("127.0.0.{}", x + 1));
     connect(&a, &b, mtu);

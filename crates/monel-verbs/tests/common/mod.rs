@@ -41,6 +41,31 @@ pub fn rc_qp(pd: &ProtectionDomain, cq: &CompletionQueue) -> QueuePair {
     .unwrap()
 }
 
+/// A side with its own context configuration and QP capacities.
+pub fn side_with(ip: &str, cfg: ContextConfig, cap: QpCap) -> Side {
+    let dev = Device::bind(ip.parse().unwrap()).unwrap();
+    let ctx = Context::open(&dev, cfg).unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(4096).unwrap();
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            cap,
+            qp_type: QpType::Rc,
+            sq_sig_all: false,
+            srq: None,
+        })
+        .unwrap();
+    Side {
+        ctx,
+        pd,
+        cq,
+        qp,
+        psn: random_psn(),
+    }
+}
+
 pub fn side(ip: &str, port: u16) -> Side {
     let (ctx, pd, cq) = open(ip, port);
     let qp = rc_qp(&pd, &cq);
