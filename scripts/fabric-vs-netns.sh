@@ -21,24 +21,14 @@ cargo build --release -q -p monel-fabric --example netns_predict
 M=$PWD/target/release/monel
 NS_A=monel_fvn_a NS_B=monel_fvn_b IP_A=10.213.56.1 IP_B=10.213.56.2
 work=$(mktemp -d /tmp/monel-fvn.XXXXXX)
+. scripts/netns-pair.sh
 cleanup() {
-  ip netns del $NS_A 2> /dev/null || true
-  ip netns del $NS_B 2> /dev/null || true
+  netns_del $NS_A $NS_B
   rm -rf "$work"
 }
 trap cleanup EXIT
-cleanup
 mkdir -p "$work"
-ip netns add $NS_A
-ip netns add $NS_B
-ip link add mfvn_a type veth peer name mfvn_b
-ip link set mfvn_a netns $NS_A
-ip link set mfvn_b netns $NS_B
-ip -n $NS_A addr add $IP_A/24 dev mfvn_a
-ip -n $NS_B addr add $IP_B/24 dev mfvn_b
-for ns in $NS_A $NS_B; do ip -n $ns link set lo up; done
-ip -n $NS_A link set mfvn_a mtu 9000 up
-ip -n $NS_B link set mfvn_b mtu 9000 up
+netns_pair $NS_A $NS_B mfvn_a mfvn_b $IP_A $IP_B
 
 port=29700
 for np in $nps; do

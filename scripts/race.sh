@@ -56,24 +56,10 @@ args="$min $max $factor $target"
 mpi_common="--allow-run-as-root --oversubscribe --bind-to none"
 
 NS_A=monel_race_a NS_B=monel_race_b IP_A=10.213.55.1 IP_B=10.213.55.2
-cleanup_ns() {
-  ip netns del $NS_A 2> /dev/null || true
-  ip netns del $NS_B 2> /dev/null || true
-}
+. scripts/netns-pair.sh
+cleanup_ns() { netns_del $NS_A $NS_B; }
 if [ "$netns" = 1 ]; then
-  cleanup_ns
-  ip netns add $NS_A
-  ip netns add $NS_B
-  ip link add mrace_a type veth peer name mrace_b
-  ip link set mrace_a netns $NS_A
-  ip link set mrace_b netns $NS_B
-  ip -n $NS_A addr add $IP_A/24 dev mrace_a
-  ip -n $NS_B addr add $IP_B/24 dev mrace_b
-  for ns in $NS_A $NS_B; do
-    ip -n $ns link set lo up
-  done
-  ip -n $NS_A link set mrace_a mtu 9000 up
-  ip -n $NS_B link set mrace_b mtu 9000 up
+  netns_pair $NS_A $NS_B mrace_a mrace_b $IP_A $IP_B
 fi
 
 port=29600

@@ -2,8 +2,6 @@
 //! they share with the progress engine.
 
 use std::collections::VecDeque;
-
-use crate::idmap::IdMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -21,6 +19,7 @@ use crate::counters::DeviceCounters;
 use crate::cq::{CompletionQueue, CqShared};
 use crate::device::{Device, Gid, is_link_local};
 use crate::error::{ErrorKind, Result, VerbsError};
+use crate::idmap::IdMap;
 use crate::mr::{Backing, MemoryRegion, MrShared, MrTable, random_key};
 use crate::netio::Sockets;
 use crate::qp_kind::QpKind;

@@ -96,13 +96,13 @@ impl RecvHeaders {
     }
 
     /// Receives without blocking into `bufs` (one datagram each, at most as many as the
-    /// headers were made for); appends what arrived to `out`. Returns the count (0 also on
-    /// an error: the socket is read again later).
+    /// headers were made for); hands each one that arrived to `each`, in order. Returns the
+    /// count (0 also on an error: the socket is read again later).
     pub(crate) fn recv(
         &mut self,
         fd: RawFd,
         bufs: &mut [Vec<u8>],
-        out: &mut Vec<Received>,
+        mut each: impl FnMut(Received),
     ) -> usize {
         let n = bufs.len().min(self.hdrs.len());
         for (iov, b) in self.iovs.iter_mut().zip(bufs.iter_mut()) {
@@ -131,7 +131,7 @@ impl RecvHeaders {
         self.dirty = got;
         for ((h, name), buf) in self.hdrs.iter().zip(&self.names).zip(&*bufs).take(got) {
             let (tos, gro) = read_ctrl(&h.msg_hdr);
-            out.push(Received {
+            each(Received {
                 len: (h.msg_len as usize).min(buf.len()),
                 truncated: h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
                 src: from_storage(name, h.msg_hdr.msg_namelen),
@@ -445,10 +445,10 @@ mod tests {
         let mut h = RecvHeaders::new(8);
         let mut bufs = vec![vec![0u8; 2048]; 8];
         let mut out = Vec::new();
-        let got = h.recv(rx.as_raw_fd(), &mut bufs, &mut out);
+        let got = h.recv(rx.as_raw_fd(), &mut bufs, |r| out.push(r));
         assert_eq!(got, want, "{out:?}");
         // A second call reuses the headers the first one dirtied: nothing is left.
-        assert_eq!(h.recv(rx.as_raw_fd(), &mut bufs, &mut Vec::new()), 0);
+        assert_eq!(h.recv(rx.as_raw_fd(), &mut bufs, |_| ()), 0);
         (out, bufs)
     }
 

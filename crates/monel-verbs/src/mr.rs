@@ -9,13 +9,12 @@
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::idmap::IdMap;
-
 use monel_rc::AccessFlags;
 use monel_rc::memory::{Access, AtomicOp, Key, MemError, MemoryAccess};
 use monel_wire::{LKey, RKey};
 
 use crate::error::{Result, VerbsError};
+use crate::idmap::IdMap;
 
 /// Where a region's bytes live.
 pub(crate) enum Backing {

@@ -11,7 +11,7 @@ use nix::sys::socket::{setsockopt, sockopt};
 use crate::context::ContextConfig;
 use crate::device::{Device, is_link_local};
 use crate::error::{Result, VerbsError};
-use crate::mmsg::{Received, RecvHeaders};
+use crate::mmsg::RecvHeaders;
 
 /// Largest datagram accepted: 4096-byte MTU plus every header, with room to spare, so an
 /// oversized packet is seen whole and dropped rather than truncated into something valid.
@@ -203,7 +203,6 @@ pub(crate) struct RxBatch {
     pub(crate) bufs: Vec<Vec<u8>>,
     pub(crate) meta: Vec<RxMeta>,
     headers: RecvHeaders,
-    got: Vec<Received>,
 }
 
 impl RxBatch {
@@ -219,34 +218,32 @@ impl RxBatch {
             bufs: (0..n).map(|_| vec![0u8; size]).collect(),
             meta: Vec::with_capacity(n),
             headers: RecvHeaders::new(n),
-            got: Vec::with_capacity(n),
         }
     }
 
     /// Receives what is queued on `sock` without blocking; fills `meta`. Returns the count.
     pub(crate) fn recv(&mut self, sock: &Sock) -> usize {
         self.meta.clear();
-        self.got.clear();
         let size = self.bufs.first().map_or(0, Vec::len);
+        let meta = &mut self.meta;
         self.headers
-            .recv(sock.udp.as_raw_fd(), &mut self.bufs, &mut self.got);
-        for m in &self.got {
-            // meta[i] describes bufs[i]: a datagram without a usable source is kept, marked
-            // unusable (the engine drops it as malformed).
-            let len = m.len.min(size);
-            self.meta.push(RxMeta {
-                len,
-                src: m.src.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
-                tos: m.tos,
-                // Too big for one packet (a coalesced buffer is checked datagram by datagram).
-                truncated: m.src.is_none()
-                    || m.len >= size
-                    || m.truncated
-                    || (m.gro.is_none() && m.len > MAX_DATAGRAM),
-                seg: m.gro.unwrap_or(len),
-                index: 0,
+            .recv(sock.udp.as_raw_fd(), &mut self.bufs, |m| {
+                // meta[i] describes bufs[i]: a datagram without a usable source is kept, marked
+                // unusable (the engine drops it as malformed).
+                let len = m.len.min(size);
+                meta.push(RxMeta {
+                    len,
+                    src: m.src.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
+                    tos: m.tos,
+                    // Too big for one packet (a coalesced buffer is checked datagram by datagram).
+                    truncated: m.src.is_none()
+                        || m.len >= size
+                        || m.truncated
+                        || (m.gro.is_none() && m.len > MAX_DATAGRAM),
+                    seg: m.gro.unwrap_or(len),
+                    index: 0,
+                });
             });
-        }
         self.meta.len()
     }
 }

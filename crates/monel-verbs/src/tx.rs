@@ -6,6 +6,7 @@
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use monel_wire::icrc::IcrcStream;
@@ -13,7 +14,7 @@ use monel_wire::{FrameRepr, ICRC_LEN, IpAddress, RocePacket};
 
 use crate::gso::{self, Message};
 use crate::mmsg::{SendHeaders, Src};
-use crate::mr::{Lent, MrView};
+use crate::mr::{Lent, MrShared, MrView};
 use crate::netio::{MAX_DATAGRAM, Sock, Sockets};
 
 /// A packet queued for sending: the RoCE packet sits at `TX_HEADROOM..TX_HEADROOM + len` of
@@ -180,20 +181,18 @@ impl TxBatch {
     pub(crate) fn flush(&mut self, socks: &Sockets) -> Flushed {
         let mut f = Flushed::default();
         // Lent payloads: each region they come from is held for reading until sent.
-        let mut regions: Vec<*const crate::mr::MrShared> = Vec::new();
-        let mut views: Vec<MrView<'_>> = Vec::new();
+        let mut views: Vec<(*const MrShared, MrView<'_>)> = Vec::new();
         let mut view_of: Vec<usize> = Vec::with_capacity(self.lent.len());
         for l in &self.lent {
-            let p = std::sync::Arc::as_ptr(&l.mr);
-            let v = regions.iter().position(|&r| r == p).unwrap_or_else(|| {
-                regions.push(p);
-                views.push(l.mr.view());
+            let p = Arc::as_ptr(&l.mr);
+            let v = views.iter().position(|v| v.0 == p).unwrap_or_else(|| {
+                views.push((p, l.mr.view()));
                 views.len() - 1
             });
             view_of.push(v);
             f.lent_bytes += l.len as u64;
         }
-        let slices: Vec<&[u8]> = views.iter().map(MrView::bytes).collect();
+        let slices: Vec<&[u8]> = views.iter().map(|v| v.1.bytes()).collect();
         // The sockets in use, in the order of their first packet.
         self.senders.clear();
         for it in &self.items {
@@ -242,20 +241,19 @@ impl TxBatch {
                     let mut framing = it.framing;
                     framing.ident = k as u16;
                     let lent = &self.lent[it.lent.0..it.lent.1];
-                    let buf = &mut self.bufs[i];
-                    if lent.is_empty() {
-                        let start = TX_HEADROOM - framing.header_len();
-                        // Checked by `push`.
-                        let _ = framing.emit(&mut buf[start..], it.len);
-                        self.out.segment(Src::Buf(i), TX_HEADROOM, it.len);
-                    } else {
-                        let views = &view_of[it.lent.0..it.lent.1];
-                        frame_gathered(&framing, buf, (it.len, it.hdr), lent, views, &slices);
-                        pieces(it.len, it.hdr, lent, |p, n| match p {
-                            Piece::Buf(a, _) => self.out.segment(Src::Buf(i), TX_HEADROOM + a, n),
-                            Piece::Lent(k) => self.out.segment(Src::View(views[k]), lent[k].off, n),
-                        });
-                    }
+                    let views = &view_of[it.lent.0..it.lent.1];
+                    frame(
+                        &framing,
+                        &mut self.bufs[i],
+                        (it.len, it.hdr),
+                        lent,
+                        views,
+                        &slices,
+                    );
+                    pieces(it.len, it.hdr, lent, |p, n| match p {
+                        Piece::Buf(a, _) => self.out.segment(Src::Buf(i), TX_HEADROOM + a, n),
+                        Piece::Lent(k) => self.out.segment(Src::View(views[k]), lent[k].off, n),
+                    });
                     self.out.packet();
                 }
             }
@@ -270,9 +268,9 @@ impl TxBatch {
 }
 
 /// Writes the IP/UDP headers into the headroom and the ICRC into the trailer of a `len`-byte
-/// packet whose payload (from `hdr`) is partly lent: the ICRC runs over its pieces in wire
-/// order.
-fn frame_gathered(
+/// packet, whose payload (from `hdr`) may be partly lent: the ICRC runs over its pieces in
+/// wire order.
+fn frame(
     framing: &FrameRepr,
     buf: &mut [u8],
     (len, hdr): (usize, usize),
