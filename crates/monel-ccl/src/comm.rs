@@ -1264,6 +1264,17 @@ pub enum GroupOp<'a> {
 
 impl Drop for Communicator {
     fn drop(&mut self) {
+        if self.cfg.debug {
+            for (j, l) in self.links.links.iter().enumerate() {
+                if let Some(c) = l.as_ref().and_then(|l| l.counters()) {
+                    eprintln!(
+                        "monel INFO rank {} -> {j} {}: {c}",
+                        self.rank,
+                        l.as_ref().map_or("", |l| l.kind())
+                    );
+                }
+            }
+        }
         if self.failed.is_none() {
             let sig = Signature {
                 seq: self.seq,

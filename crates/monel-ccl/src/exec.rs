@@ -267,20 +267,21 @@ impl RecvSt {
                 let link = ctx.links.link(peer)?;
                 let n = match self.acc {
                     Some(acc) => {
-                        // Shared memory: reduce straight out of the ring.
+                        // A ring (shared memory, the soft RNIC): reduce straight out of it.
                         let mut direct = 0;
                         if self.fill == 0 {
-                            if let Some(shm) = link.as_shm() {
-                                let avail = shm
-                                    .readable()
-                                    .map_err(|e| lost(peer, &ctx.name.what(), &e))?;
-                                let take = avail.len().min(self.frame_left).min(RING_PIECE);
-                                let whole = take - take % es;
+                            let max = self.frame_left.min(RING_PIECE);
+                            let mut landed = Ok(());
+                            let r = link.read_in_place(max, &mut |avail| {
+                                let whole = avail.len() - avail.len() % es;
                                 if whole > 0 {
-                                    self.land(bufs, acc, &avail[..whole], es)?;
-                                    shm.consume(whole);
-                                    direct = whole;
+                                    landed = self.land(bufs, acc, &avail[..whole], es);
                                 }
+                                if landed.is_ok() { whole } else { 0 }
+                            });
+                            if let Some(r) = r {
+                                direct = r.map_err(|e| lost(peer, &ctx.name.what(), &e))?;
+                                landed?;
                             }
                         }
                         if direct > 0 {

@@ -44,8 +44,20 @@ pub trait Link: Send {
     }
     /// After a sleep: withdraws the wake-up requests [`Self::arm`] made.
     fn disarm(&mut self) {}
-    /// The shared-memory link behind this one, for reductions straight out of its ring.
-    fn as_shm(&mut self) -> Option<&mut crate::shm::ShmLink> {
+    /// The transport's counters for the logs (retransmissions and the like), if it has any.
+    fn counters(&self) -> Option<String> {
+        None
+    }
+    /// Hands up to `max` received bytes, contiguous, to `f` where they lie (a ring), without
+    /// copying them out; `f` returns how many it used, and those are consumed. `None` when
+    /// the transport has no such buffer (read with [`Self::read_some`]); `Ok(0)` when nothing
+    /// is there yet.
+    fn read_in_place(
+        &mut self,
+        max: usize,
+        f: &mut dyn FnMut(&[u8]) -> usize,
+    ) -> Option<io::Result<usize>> {
+        let _ = (max, f);
         None
     }
 }

@@ -558,6 +558,29 @@ impl State {
         n
     }
 
+    /// Lends up to `max` arrived bytes, up to the ring's wrap, to `f`; consumes what it used.
+    fn read_in_place(
+        &mut self,
+        max: usize,
+        f: &mut dyn FnMut(&[u8]) -> usize,
+    ) -> io::Result<usize> {
+        self.drain();
+        let n = (max as u64).min(self.arrived - self.tail) as usize;
+        if n == 0 {
+            self.check()?;
+            if self.eof {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            return Ok(0);
+        }
+        let off = (self.tail % self.rx_cap) as usize;
+        let n = n.min(self.rx_cap as usize - off);
+        let used = self.rx.with(|buf| f(&buf[off..off + n])).min(n);
+        self.tail += used as u64;
+        self.maybe_credit();
+        Ok(used)
+    }
+
     /// Hands back credits once a quarter of the ring or of the message window is consumed.
     fn maybe_credit(&mut self) {
         let due = self.tail - self.credited_tail >= self.rx_cap / 4
@@ -723,6 +746,13 @@ impl Link for RdmaLink {
     fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
         self.st.borrow_mut().read(buf, false)
     }
+    fn read_in_place(
+        &mut self,
+        max: usize,
+        f: &mut dyn FnMut(&[u8]) -> usize,
+    ) -> Option<io::Result<usize>> {
+        Some(self.st.get_mut().read_in_place(max, f))
+    }
     fn fd(&self) -> RawFd {
         self.epoll.0.as_raw_fd()
     }
@@ -748,5 +778,31 @@ impl Link for RdmaLink {
     fn disarm(&mut self) {
         let st = self.st.get_mut();
         st.cq.get_event();
+    }
+    fn counters(&self) -> Option<String> {
+        let s = self.stats()?;
+        let d = self.st.borrow()._nic.ctx.counters();
+        Some(format!(
+            "{} packets sent, {} received, {} retransmitted, {} timeouts, {} sequence NAKs \
+             received ({} sent), {} RNR NAKs received, {} duplicates, {} out of sequence; \
+             device: {} datagrams in {} receive calls ({} coalesced), {} sent in {} calls \
+             ({} segmented), {} bytes zero-copy",
+            s.tx_packets,
+            s.rx_packets,
+            s.retransmitted_packets,
+            s.timeouts,
+            s.seq_naks_received,
+            s.seq_naks_sent,
+            s.rnr_naks_received,
+            s.duplicate_requests,
+            s.out_of_sequence,
+            d.rx_packets,
+            d.rx_batches,
+            d.rx_coalesced,
+            d.tx_packets,
+            d.tx_batches,
+            d.tx_segmented,
+            d.tx_zero_copy_bytes
+        ))
     }
 }

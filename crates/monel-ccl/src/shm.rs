@@ -410,8 +410,20 @@ impl Link for ShmLink {
         }
     }
 
-    fn as_shm(&mut self) -> Option<&mut ShmLink> {
-        Some(self)
+    fn read_in_place(
+        &mut self,
+        max: usize,
+        f: &mut dyn FnMut(&[u8]) -> usize,
+    ) -> Option<io::Result<usize>> {
+        let used = match self.readable() {
+            Ok(avail) => {
+                let take = avail.len().min(max);
+                f(&avail[..take]).min(take)
+            }
+            Err(e) => return Some(Err(e)),
+        };
+        self.consume(used);
+        Some(Ok(used))
     }
 }
 

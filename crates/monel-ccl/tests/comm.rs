@@ -499,3 +499,36 @@ fn every_allreduce_algorithm_over_real_transports() {
         }
     }
 }
+
+#[test]
+fn reductions_out_of_a_ring_survive_elements_split_by_its_wrap() {
+    // A 3-byte message first leaves every later f64 misaligned with the ring's end, so some
+    // element straddles the wrap point and takes the staged path while the rest are reduced
+    // in place; both must give the exact sums.
+    for mode in [Mode::Shm(4096), Mode::Rdma(8192)] {
+        ranks_over(mode, 3, Duration::from_secs(20), move |c| {
+            let (r, n) = (c.rank(), c.size());
+            let mut tiny = vec![r as u8; 3];
+            c.all_reduce_in_place(&mut tiny, 3, DataType::U8, RedOp::Sum)
+                .unwrap();
+            assert_eq!(tiny, vec![3; 3], "{mode:?}");
+            for round in 0..3u64 {
+                let count = 7001;
+                let mine: Vec<u8> = (0..count as u64)
+                    .flat_map(|i| ((i * 3 + round + r as u64) as f64).to_le_bytes())
+                    .collect();
+                let mut out = vec![0u8; count * 8];
+                c.all_reduce(&mine, &mut out, count, DataType::F64, RedOp::Sum)
+                    .unwrap();
+                for (i, v) in out.chunks_exact(8).enumerate() {
+                    let got = f64::from_le_bytes(v.try_into().unwrap());
+                    let want: u64 = (0..n as u64).map(|q| i as u64 * 3 + round + q).sum();
+                    assert_eq!(
+                        got, want as f64,
+                        "{mode:?} round {round} element {i} rank {r}"
+                    );
+                }
+            }
+        });
+    }
+}
