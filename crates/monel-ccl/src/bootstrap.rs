@@ -196,6 +196,17 @@ pub fn launch_from(env: &dyn Fn(&str) -> Option<String>) -> Result<Launch> {
 pub(crate) struct PeerAddrs {
     pub(crate) data: SocketAddr,
     pub(crate) status: SocketAddr,
+    /// The running kernel's identity ([`this_machine`]): ranks that share it share the
+    /// machine's cores, whatever their addresses or namespaces (empty when unknown).
+    pub(crate) machine: String,
+}
+
+/// This kernel's boot id, which network namespaces and containers on one machine share:
+/// ranks with the same one compete for the same cores. Empty when it cannot be read.
+pub(crate) fn this_machine() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().chars().take(64).collect())
+        .unwrap_or_default()
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
@@ -235,12 +246,12 @@ fn serve_root(l: TcpListener, token: [u8; 16]) {
     std::thread::Builder::new()
         .name("monel-root".into())
         .spawn(move || {
-            let mut ranks: Vec<Option<(TcpStream, String, String)>> = Vec::new();
+            let mut ranks: Vec<Option<(TcpStream, [String; 3])>> = Vec::new();
             let mut nranks = 0usize;
             for conn in l.incoming() {
                 let Ok(mut s) = conn else { continue };
                 let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-                let reg = (|| -> std::io::Result<(Vec<u8>, u32, u32, String, String)> {
+                let reg = (|| -> std::io::Result<(Vec<u8>, u32, u32, [String; 3])> {
                     let mut m = [0u8; 4];
                     s.read_exact(&mut m)?;
                     if &m != MAGIC_BOOT {
@@ -250,9 +261,10 @@ fn serve_root(l: TcpListener, token: [u8; 16]) {
                     s.read_exact(&mut t)?;
                     let n = get_u32(&mut s)?;
                     let r = get_u32(&mut s)?;
-                    Ok((t, n, r, get_str(&mut s)?, get_str(&mut s)?))
+                    let addrs = [get_str(&mut s)?, get_str(&mut s)?, get_str(&mut s)?];
+                    Ok((t, n, r, addrs))
                 })();
-                let Ok((t, n, r, data, status)) = reg else {
+                let Ok((t, n, r, addrs)) = reg else {
                     continue;
                 };
                 let refuse = |mut s: TcpStream, why: String| {
@@ -284,18 +296,19 @@ fn serve_root(l: TcpListener, token: [u8; 16]) {
                     refuse(s, format!("rank {r} is out of range or already taken"));
                     continue;
                 }
-                ranks[r] = Some((s, data, status));
+                ranks[r] = Some((s, addrs));
                 if ranks.iter().all(Option::is_some) {
                     break;
                 }
             }
             let mut table = MAGIC_BOOT.to_vec();
             table.push(0);
-            for (_, d, st) in ranks.iter().flatten() {
-                put_str(&mut table, d);
-                put_str(&mut table, st);
+            for (_, addrs) in ranks.iter().flatten() {
+                for a in addrs {
+                    put_str(&mut table, a);
+                }
             }
-            for (mut s, _, _) in ranks.into_iter().flatten() {
+            for (mut s, _) in ranks.into_iter().flatten() {
                 let _ = s.write_all(&table);
             }
         })
@@ -329,6 +342,7 @@ pub(crate) fn rendezvous(
     out.extend((rank as u32).to_le_bytes());
     put_str(&mut out, &mine.data.to_string());
     put_str(&mut out, &mine.status.to_string());
+    put_str(&mut out, &mine.machine);
     let left = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(10));
@@ -374,7 +388,12 @@ pub(crate) fn rendezvous(
         };
         let data = parse(get_str(&mut s).map_err(io)?)?;
         let status = parse(get_str(&mut s).map_err(io)?)?;
-        table.push(PeerAddrs { data, status });
+        let machine = get_str(&mut s).map_err(io)?;
+        table.push(PeerAddrs {
+            data,
+            status,
+            machine,
+        });
     }
     Ok(table)
 }
@@ -505,5 +524,37 @@ mod tests {
                 .message
                 .contains("no launcher")
         );
+    }
+
+    #[test]
+    fn the_table_carries_each_ranks_machine() {
+        let id = UniqueId::create("127.0.0.1:0".parse().unwrap()).unwrap();
+        let me = this_machine();
+        assert!(!me.is_empty(), "a Linux kernel has a boot id");
+        assert_eq!(me, this_machine());
+        let hs: Vec<_> = ["", "kernel-b"]
+            .into_iter()
+            .enumerate()
+            .map(|(r, m)| {
+                let (id, m) = (id.clone(), m.to_string());
+                std::thread::spawn(move || {
+                    let mine = PeerAddrs {
+                        data: format!("127.0.0.1:{}", 1000 + r).parse().unwrap(),
+                        status: format!("127.0.0.1:{}", 2000 + r).parse().unwrap(),
+                        machine: m,
+                    };
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    rendezvous(&id, 2, r, &mine, deadline).unwrap()
+                })
+            })
+            .collect();
+        for h in hs {
+            let t = h.join().unwrap();
+            let got: Vec<_> = t
+                .iter()
+                .map(|p| (p.data.port(), p.status.port(), p.machine.as_str()))
+                .collect();
+            assert_eq!(got, [(1000, 2000, ""), (1001, 2001, "kernel-b")]);
+        }
     }
 }

@@ -419,6 +419,7 @@ impl Communicator {
             status: status_l
                 .local_addr()
                 .map_err(|e| CclError::io("listener", e))?,
+            machine: crate::bootstrap::this_machine(),
         };
         let status = Arc::new(Mutex::new(Status {
             seq: 0,
@@ -496,8 +497,9 @@ impl Communicator {
         }
         // Ranks sharing this host's cores: more of them than cores, and spinning ranks
         // must hand the core over at every idle round.
-        // A peer shares this host when it shares memory or this rank's address (ranks made
-        // to look like other hosts with MONEL_HOST still share the cores).
+        // A peer shares this host's cores when it shares memory, this rank's address, or
+        // this kernel (ranks in other network namespaces or containers, or made to look
+        // like other hosts with MONEL_HOST, still run on these cores).
         let kinds = || links.iter().flatten().map(|l| l.kind());
         let local = 1
             + (0..nranks)
@@ -505,10 +507,22 @@ impl Communicator {
                 .filter(|&j| {
                     links[j].as_ref().is_some_and(|l| l.kind() == "SHM")
                         || table[j].data.ip() == mine.data.ip()
+                        || (!mine.machine.is_empty() && table[j].machine == mine.machine)
                 })
                 .count();
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let yield_every = if local > cores { 1 } else { 64 };
+        if cfg.debug {
+            eprintln!(
+                "monel INFO rank {rank}: {local} ranks share this machine's {cores} cores; \
+                 waiting ranks {}",
+                if yield_every == 1 {
+                    "hand the core over at every idle round"
+                } else {
+                    "spin before sleeping"
+                }
+            );
+        }
         let costs = tune::Costs::of(kinds(), local as f64 / cores as f64);
         status.lock().unwrap_or_else(PoisonError::into_inner).state = "idle";
         Ok(Self {
