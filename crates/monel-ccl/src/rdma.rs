@@ -400,8 +400,9 @@ struct State {
     failed: Option<String>,
     /// The peer closed the TCP connection.
     eof: bool,
-    /// Keeps the device open while the link lives (dropped last).
-    _nic: Arc<Nic>,
+    /// The device (its counters for the logs); keeps it open while the link lives (dropped
+    /// last).
+    nic: Arc<Nic>,
 }
 
 impl State {
@@ -694,7 +695,7 @@ impl RdmaLink {
                 wcs: Vec::with_capacity(64),
                 failed: None,
                 eof: false,
-                _nic: nic,
+                nic,
             }),
             tcp,
             epoll,
@@ -781,7 +782,7 @@ impl Link for RdmaLink {
     }
     fn counters(&self) -> Option<String> {
         let s = self.stats()?;
-        let d = self.st.borrow()._nic.ctx.counters();
+        let d = self.st.borrow().nic.ctx.counters();
         Some(format!(
             "{} packets sent, {} received, {} retransmitted, {} timeouts, {} sequence NAKs \
              received ({} sent), {} RNR NAKs received, {} duplicates, {} out of sequence; \
