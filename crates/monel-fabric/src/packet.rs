@@ -30,13 +30,13 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
-use std::fmt;
 use std::sync::Arc;
 
 use monel_rc::Instant;
 use monel_rc::congestion::{Controller, Dcqcn, DcqcnParams};
 
 use crate::cluster::Cluster;
+use crate::plan::PlanError;
 use crate::radix::RadixHeap;
 use crate::replay::{Job, Message, Progress, ReplayError};
 use crate::topology::{LinkId, LinkKind};
@@ -172,12 +172,12 @@ impl PacketParams {
     fn check(&self) -> Result<(), PacketError> {
         let bad = |field: &'static str, why: String| Err(PacketError::Invalid { field, why });
         if self.mtu < 256 || self.mtu > 1 << 20 {
-            return bad("mtu", format!("{} B: want 256 B to 1 MiB", self.mtu));
+            return bad("packet.mtu", format!("{} B: want 256 B to 1 MiB", self.mtu));
         }
         let need = u64::from(self.mtu + self.header_bytes);
         for (field, v) in [
-            ("switch_buffer", self.switch_buffer_bytes),
-            ("nic_buffer", self.nic_buffer_bytes),
+            ("packet.switch_buffer", self.switch_buffer_bytes),
+            ("packet.nic_buffer", self.nic_buffer_bytes),
         ] {
             if v < 4 * need {
                 return bad(
@@ -190,13 +190,13 @@ impl PacketParams {
             && c < need
         {
             return bad(
-                "credits",
+                "packet.credits",
                 format!("{c} B: want at least one packet ({need} B)"),
             );
         }
         if !(self.pfc_alpha > 0.0 && self.pfc_alpha.is_finite()) {
             return bad(
-                "pfc_alpha",
+                "packet.pfc_alpha",
                 format!("{}: want a positive number", self.pfc_alpha),
             );
         }
@@ -204,7 +204,7 @@ impl PacketParams {
             && (e.kmin_bytes > e.kmax_bytes || !(0.0..=1.0).contains(&e.pmax))
         {
             return bad(
-                "ecn",
+                "packet.ecn",
                 format!(
                     "Kmin {} B, Kmax {} B, Pmax {}: want Kmin <= Kmax and Pmax in 0..1",
                     e.kmin_bytes, e.kmax_bytes, e.pmax
@@ -212,12 +212,15 @@ impl PacketParams {
             );
         }
         if !(self.rto_s > 0.0 && self.rto_s.is_finite()) {
-            return bad("rto", format!("{} s: want a positive time", self.rto_s));
+            return bad(
+                "packet.rto",
+                format!("{} s: want a positive time", self.rto_s),
+            );
         }
         if let Some(s) = self.sample_s
             && !(s > 0.0 && s.is_finite())
         {
-            return bad("sample", format!("{s} s: want a positive time"));
+            return bad("packet.sample", format!("{s} s: want a positive time"));
         }
         Ok(())
     }
@@ -240,36 +243,9 @@ pub struct Flow {
     pub rail: Option<usize>,
 }
 
-/// Why a packet simulation cannot run.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PacketError {
-    /// A bad setting or flow; names the field.
-    Invalid {
-        /// The field.
-        field: &'static str,
-        /// Why.
-        why: String,
-    },
-    /// The schedules cannot run.
-    Replay(ReplayError),
-}
-
-impl fmt::Display for PacketError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Invalid { field, why } => write!(f, "packet.{field}: {why}"),
-            Self::Replay(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl std::error::Error for PacketError {}
-
-impl From<ReplayError> for PacketError {
-    fn from(e: ReplayError) -> Self {
-        Self::Replay(e)
-    }
-}
+/// Why the packet engine cannot run: the planner's error (a bad setting names its field as
+/// `packet.FIELD`; schedules that cannot run are a replay error).
+pub type PacketError = PlanError;
 
 /// Every QP's state at one moment.
 #[derive(Debug, Clone, PartialEq)]
@@ -1206,7 +1182,7 @@ pub fn simulate_flows(
     for (i, f) in flows.iter().enumerate() {
         if f.from >= cluster.gpus() || f.to >= cluster.gpus() {
             return Err(PacketError::Invalid {
-                field: "flow",
+                field: "packet.flow",
                 why: format!(
                     "flow {i}: GPU {} -> {} outside the cluster's {}",
                     f.from,
@@ -1217,7 +1193,7 @@ pub fn simulate_flows(
         }
         if !(f.start_s >= 0.0 && f.start_s.is_finite()) {
             return Err(PacketError::Invalid {
-                field: "flow",
+                field: "packet.flow",
                 why: format!("flow {i}: start {} s: want a time from 0", f.start_s),
             });
         }

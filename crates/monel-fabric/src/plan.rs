@@ -11,7 +11,7 @@ use monel_ccl::schedule::Schedule;
 
 use crate::cluster::Cluster;
 use crate::lockstep::{Lockstep, SymJob, Symmetry, lockstep, symmetric};
-use crate::packet::{PacketError, PacketParams, PacketReport, simulate_jobs};
+use crate::packet::{PacketParams, PacketReport, simulate_jobs};
 use crate::replay::{Job, ReplayError, replay};
 
 /// Which engine runs a collective.
@@ -457,10 +457,7 @@ pub fn run_scenario(
                     ),
                 ));
             }
-            let r = simulate_jobs(cluster, &jobs, &params, overhead_s).map_err(|e| match e {
-                PacketError::Invalid { field, why } => invalid(field, why),
-                PacketError::Replay(r) => PlanError::Replay(r),
-            })?;
+            let r = simulate_jobs(cluster, &jobs, &params, overhead_s)?;
             let t = r.job_time_s.clone();
             packet = Some(r);
             t
