@@ -568,11 +568,7 @@ impl State {
         self.drain();
         let n = (max as u64).min(self.arrived - self.tail) as usize;
         if n == 0 {
-            self.check()?;
-            if self.eof {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
-            return Ok(0);
+            return self.nothing_to_read();
         }
         let off = (self.tail % self.rx_cap) as usize;
         let n = n.min(self.rx_cap as usize - off);
@@ -624,6 +620,11 @@ impl State {
         if n > 0 {
             return Ok(n);
         }
+        self.nothing_to_read()
+    }
+
+    /// What a read that found no bytes reports: the link's failure, the peer's end, or 0.
+    fn nothing_to_read(&self) -> io::Result<usize> {
         self.check()?;
         if self.eof {
             return Err(io::ErrorKind::UnexpectedEof.into());

@@ -191,11 +191,18 @@ mod tests {
         assert_eq!(icrc.to_le_bytes(), [0x82, 0xfd, 0x00, 0x2a]);
     }
 
+    /// Vector B: a UC SEND_ONLY as IPv4 header, UDP header, RoCE packet without its ICRC.
+    fn vector_b() -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+        (
+            hex("4501 0040 0478 4000 4011 b4d5 c0a80007 c0a80007"),
+            hex("c000 12b7 002c aca2"),
+            hex("2460ffff000000d300cf1710 4630818be28935d90e9a95505401be885e50 0000"),
+        )
+    }
+
     #[test]
     fn vector_b_uc_send_only() {
-        let ip = hex("4501 0040 0478 4000 4011 b4d5 c0a80007 c0a80007");
-        let udp = hex("c000 12b7 002c aca2");
-        let roce = hex("2460ffff000000d300cf1710 4630818be28935d90e9a95505401be885e50 0000");
+        let (ip, udp, roce) = vector_b();
         let icrc = compute(&ip, &udp, &roce).unwrap();
         assert_eq!(icrc, 0xf353_f378);
         assert_eq!(icrc.to_le_bytes(), [0x78, 0xf3, 0x53, 0xf3]);
@@ -203,9 +210,7 @@ mod tests {
 
     #[test]
     fn a_stream_over_any_split_equals_the_whole() {
-        let ip = hex("4501 0040 0478 4000 4011 b4d5 c0a80007 c0a80007");
-        let udp = hex("c000 12b7 002c aca2");
-        let roce = hex("2460ffff000000d300cf1710 4630818be28935d90e9a95505401be885e50 0000");
+        let (ip, udp, roce) = vector_b();
         let whole = compute(&ip, &udp, &roce).unwrap();
         for cut in 12..roce.len() {
             for cut2 in cut..roce.len() {
@@ -224,9 +229,7 @@ mod tests {
 
     #[test]
     fn masked_fields_do_not_matter() {
-        let mut ip = hex("4501 0040 0478 4000 4011 b4d5 c0a80007 c0a80007");
-        let mut udp = hex("c000 12b7 002c aca2");
-        let mut roce = hex("2460ffff000000d300cf1710 4630818be28935d90e9a95505401be885e50 0000");
+        let (mut ip, mut udp, mut roce) = vector_b();
         let base = compute(&ip, &udp, &roce).unwrap();
         ip[1] = 0x03; // ECN CE
         ip[8] = 1; // TTL
@@ -259,9 +262,7 @@ mod tests {
 
     #[test]
     fn unknown_ipv4_id_is_recovered_and_corruption_caught() {
-        let mut ip = hex("4501 0040 0478 4000 4011 b4d5 c0a80007 c0a80007");
-        let udp = hex("c000 12b7 002c aca2");
-        let roce = hex("2460ffff000000d300cf1710 4630818be28935d90e9a95505401be885e50 0000");
+        let (mut ip, udp, roce) = vector_b();
         let carried = compute(&ip, &udp, &roce).unwrap();
         ip[4] = 0;
         ip[5] = 0;
