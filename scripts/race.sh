@@ -10,10 +10,13 @@
 #                   [--target-ms 100] [--netns]
 #
 # --netns runs the ranks in two network namespaces joined by a veth pair (half the ranks in
-# each), and every tool is held to the network: Monel twice, over its soft RNIC (RoCEv2,
-# MONEL_TRANSPORT=rdma) and over TCP (MONEL_TRANSPORT=tcp) (namespaces share /dev/shm, so it
-# would otherwise find shared memory between them), Open MPI with the tcp BTL only, Gloo over
-# the veth.
+# each), each namespace standing in for a host, and every tool is held to the network between
+# them: Monel twice, over its soft RNIC (RoCEv2, MONEL_TRANSPORT=shm,rdma) and over TCP
+# (MONEL_TRANSPORT=shm,tcp), each namespace naming its own host (MONEL_HOST), so ranks in one
+# namespace share memory as ranks on one host do and pairs across namespaces take the network
+# (namespaces share /dev/shm, so Monel would otherwise find shared memory between them);
+# Open MPI with the tcp BTL only (it cannot tell the namespaces apart, so its shared-memory
+# BTL would carry the pairs across them too); Gloo over TCP, as it always is.
 #
 # Installs what it needs: Open MPI from apt, and torch in a venv ($MONEL_RACE_VENV, default
 # /tmp/monel-race-venv; the PyPI wheel pulls about 5 GB of CUDA libraries even for CPU use).
@@ -74,7 +77,7 @@ ranks() { # np cmd...
   local pids=() r ns rc=0
   for r in $(seq 0 $((np - 1))); do
     if [ $r -lt $((np / 2)) ]; then ns=$NS_A; else ns=$NS_B; fi
-    ip netns exec $ns env MONEL_TRANSPORT=${race_transport:-tcp} MASTER_ADDR=$IP_A MASTER_PORT=$port RANK=$r WORLD_SIZE=$np \
+    ip netns exec $ns env MONEL_TRANSPORT=shm,${race_transport:-tcp} MONEL_HOST=$ns MASTER_ADDR=$IP_A MASTER_PORT=$port RANK=$r WORLD_SIZE=$np \
       LOCAL_RANK=$r GLOO_SOCKET_IFNAME=$([ $ns = $NS_A ] && echo mrace_a || echo mrace_b) \
       "$@" &
     pids+=($!)
