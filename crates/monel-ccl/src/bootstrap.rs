@@ -199,6 +199,9 @@ pub(crate) struct PeerAddrs {
     /// The running kernel's identity ([`this_machine`]): ranks that share it share the
     /// machine's cores, whatever their addresses or namespaces (empty when unknown).
     pub(crate) machine: String,
+    /// The host this rank names itself part of (`MONEL_HOST`; empty when unset): ranks on
+    /// one machine that name different hosts stand in for separate hosts.
+    pub(crate) host: String,
 }
 
 /// This kernel's boot id, which network namespaces and containers on one machine share:
@@ -246,12 +249,12 @@ fn serve_root(l: TcpListener, token: [u8; 16]) {
     std::thread::Builder::new()
         .name("monel-root".into())
         .spawn(move || {
-            let mut ranks: Vec<Option<(TcpStream, [String; 3])>> = Vec::new();
+            let mut ranks: Vec<Option<(TcpStream, [String; 4])>> = Vec::new();
             let mut nranks = 0usize;
             for conn in l.incoming() {
                 let Ok(mut s) = conn else { continue };
                 let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-                let reg = (|| -> std::io::Result<(Vec<u8>, u32, u32, [String; 3])> {
+                let reg = (|| -> std::io::Result<(Vec<u8>, u32, u32, [String; 4])> {
                     let mut m = [0u8; 4];
                     s.read_exact(&mut m)?;
                     if &m != MAGIC_BOOT {
@@ -261,7 +264,12 @@ fn serve_root(l: TcpListener, token: [u8; 16]) {
                     s.read_exact(&mut t)?;
                     let n = get_u32(&mut s)?;
                     let r = get_u32(&mut s)?;
-                    let addrs = [get_str(&mut s)?, get_str(&mut s)?, get_str(&mut s)?];
+                    let addrs = [
+                        get_str(&mut s)?,
+                        get_str(&mut s)?,
+                        get_str(&mut s)?,
+                        get_str(&mut s)?,
+                    ];
                     Ok((t, n, r, addrs))
                 })();
                 let Ok((t, n, r, addrs)) = reg else {
@@ -343,6 +351,7 @@ pub(crate) fn rendezvous(
     put_str(&mut out, &mine.data.to_string());
     put_str(&mut out, &mine.status.to_string());
     put_str(&mut out, &mine.machine);
+    put_str(&mut out, &mine.host);
     let left = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(10));
@@ -389,10 +398,12 @@ pub(crate) fn rendezvous(
         let data = parse(get_str(&mut s).map_err(io)?)?;
         let status = parse(get_str(&mut s).map_err(io)?)?;
         let machine = get_str(&mut s).map_err(io)?;
+        let host = get_str(&mut s).map_err(io)?;
         table.push(PeerAddrs {
             data,
             status,
             machine,
+            host,
         });
     }
     Ok(table)
@@ -527,7 +538,7 @@ mod tests {
     }
 
     #[test]
-    fn the_table_carries_each_ranks_machine() {
+    fn the_table_carries_each_ranks_machine_and_host() {
         let id = UniqueId::create("127.0.0.1:0".parse().unwrap()).unwrap();
         let me = this_machine();
         assert!(!me.is_empty(), "a Linux kernel has a boot id");
@@ -542,6 +553,7 @@ mod tests {
                         data: format!("127.0.0.1:{}", 1000 + r).parse().unwrap(),
                         status: format!("127.0.0.1:{}", 2000 + r).parse().unwrap(),
                         machine: m,
+                        host: format!("h{r}"),
                     };
                     let deadline = Instant::now() + Duration::from_secs(10);
                     rendezvous(&id, 2, r, &mine, deadline).unwrap()
@@ -552,9 +564,19 @@ mod tests {
             let t = h.join().unwrap();
             let got: Vec<_> = t
                 .iter()
-                .map(|p| (p.data.port(), p.status.port(), p.machine.as_str()))
+                .map(|p| {
+                    (
+                        p.data.port(),
+                        p.status.port(),
+                        p.machine.as_str(),
+                        p.host.as_str(),
+                    )
+                })
                 .collect();
-            assert_eq!(got, [(1000, 2000, ""), (1001, 2001, "kernel-b")]);
+            assert_eq!(
+                got,
+                [(1000, 2000, "", "h0"), (1001, 2001, "kernel-b", "h1")]
+            );
         }
     }
 }

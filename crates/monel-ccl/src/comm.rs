@@ -254,6 +254,37 @@ pub struct Communicator {
     yield_every: u32,
     /// The cost model's constants for this communicator's links.
     costs: tune::Costs,
+    /// The ranks' places in rings and trees ([`host_order`]).
+    order: Vec<usize>,
+}
+
+/// The ranks' places in rings and trees: grouped by host (the machine, or the address where
+/// the machine is unknown, and `MONEL_HOST`), hosts in the order of their lowest rank, ranks
+/// ascending within a host. Every rank computes it from the same rendezvous table, so all
+/// agree; ranks placed host by host already (as launchers usually place them) keep their
+/// own numbers.
+pub(crate) fn host_order(table: &[PeerAddrs]) -> Vec<usize> {
+    let key = |p: &PeerAddrs| {
+        let m = if p.machine.is_empty() {
+            p.data.ip().to_string()
+        } else {
+            p.machine.clone()
+        };
+        (m, p.host.clone())
+    };
+    let mut hosts: Vec<(String, String)> = Vec::new();
+    let mut of = Vec::with_capacity(table.len());
+    for p in table {
+        let k = key(p);
+        let h = hosts.iter().position(|x| *x == k).unwrap_or_else(|| {
+            hosts.push(k);
+            hosts.len() - 1
+        });
+        of.push(h);
+    }
+    let mut order: Vec<usize> = (0..table.len()).collect();
+    order.sort_by_key(|&r| (of[r], r));
+    order
 }
 
 /// A call's shape: everything its schedule depends on.
@@ -420,6 +451,7 @@ impl Communicator {
                 .local_addr()
                 .map_err(|e| CclError::io("listener", e))?,
             machine: crate::bootstrap::this_machine(),
+            host: cfg.shm.host.clone().unwrap_or_default(),
         };
         let status = Arc::new(Mutex::new(Status {
             seq: 0,
@@ -524,6 +556,13 @@ impl Communicator {
             );
         }
         let costs = tune::Costs::of(kinds(), local as f64 / cores as f64);
+        let order = host_order(&table);
+        if cfg.debug && order.iter().enumerate().any(|(k, &x)| k != x) {
+            eprintln!(
+                "monel INFO rank {rank}: rings and trees take the ranks in the order {order:?} \
+                 (ranks of one host next to each other)"
+            );
+        }
         status.lock().unwrap_or_else(PoisonError::into_inner).state = "idle";
         Ok(Self {
             rank,
@@ -547,6 +586,7 @@ impl Communicator {
             p2p_received: vec![0; nranks],
             yield_every,
             costs,
+            order,
         })
     }
 
@@ -565,6 +605,11 @@ impl Communicator {
     /// This rank.
     pub fn rank(&self) -> usize {
         self.rank
+    }
+    /// The ranks in the order rings and trees take them: grouped by host (see the
+    /// `MONEL_DEBUG=INFO` log); the identity when ranks are already placed host by host.
+    pub fn rank_order(&self) -> &[usize] {
+        &self.order
     }
     /// Ranks in all.
     pub fn size(&self) -> usize {
@@ -684,7 +729,16 @@ impl Communicator {
         let sched = match self.schedules.get(&key) {
             Some(s) => s.clone(),
             None => {
-                let s = Arc::new(plan::schedule(coll, algo, n, r, count, slice, in_place)?);
+                let s = Arc::new(plan::schedule_ordered(
+                    coll,
+                    algo,
+                    n,
+                    r,
+                    count,
+                    slice,
+                    in_place,
+                    &self.order,
+                )?);
                 if self.schedules.len() >= SCHEDULE_CACHE {
                     self.schedules.clear();
                 }
@@ -1323,6 +1377,41 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         CommConfig::from_vars(&move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn host_order_groups_ranks_by_machine_and_host() {
+        let peer = |ip: &str, machine: &str, host: &str| PeerAddrs {
+            data: format!("{ip}:1").parse().unwrap(),
+            status: format!("{ip}:2").parse().unwrap(),
+            machine: machine.into(),
+            host: host.into(),
+        };
+        // Two machines, ranks placed cyclically.
+        let t = [
+            peer("10.0.0.1", "m1", ""),
+            peer("10.0.0.2", "m2", ""),
+            peer("10.0.0.1", "m1", ""),
+            peer("10.0.0.2", "m2", ""),
+        ];
+        assert_eq!(host_order(&t), [0, 2, 1, 3]);
+        // One machine standing in for two hosts (MONEL_HOST); hosts in order of their
+        // lowest rank.
+        let t = [
+            peer("10.0.0.1", "m", "b"),
+            peer("10.0.0.1", "m", "a"),
+            peer("10.0.0.1", "m", "b"),
+            peer("10.0.0.1", "m", "a"),
+            peer("10.0.0.1", "m", "a"),
+        ];
+        assert_eq!(host_order(&t), [0, 2, 1, 3, 4]);
+        // Unknown machines fall back to the address; placed host by host: the identity.
+        let t = [
+            peer("10.0.0.1", "", ""),
+            peer("10.0.0.1", "", ""),
+            peer("10.0.0.2", "", ""),
+        ];
+        assert_eq!(host_order(&t), [0, 1, 2]);
     }
 
     #[test]

@@ -172,6 +172,52 @@ impl Algorithm {
     }
 }
 
+/// True if `order` is a permutation of `0..n`.
+pub fn is_order(order: &[usize], n: usize) -> bool {
+    let mut seen = vec![false; n];
+    order.len() == n
+        && order
+            .iter()
+            .all(|&x| x < n && !std::mem::replace(&mut seen[x], true))
+}
+
+/// Rank `r`'s schedule, as [`schedule`], with the ranks taking their places in rings, trees
+/// and exchanges in `order` (`order[k]` is the rank at place k: ranks of one host next to
+/// each other, so a ring crosses between hosts once per host). Only where the result does
+/// not depend on which rank holds which part: AllReduce by every algorithm but the
+/// deterministic one (its reduction order is by rank). Other collectives, and the identity
+/// order, get [`schedule`]'s.
+#[allow(clippy::too_many_arguments)]
+pub fn schedule_ordered(
+    coll: Collective,
+    algo: Algorithm,
+    n: usize,
+    r: usize,
+    count: usize,
+    slice: usize,
+    in_place: bool,
+    order: &[usize],
+) -> Result<Schedule> {
+    if !is_order(order, n) {
+        return Err(CclError::invalid(format!(
+            "rank order {order:?} is not a permutation of 0..{n}"
+        )));
+    }
+    let reorders = matches!(coll, Collective::AllReduce(_))
+        && algo != Algorithm::Deterministic
+        && order.iter().enumerate().any(|(k, &x)| k != x);
+    if !reorders {
+        return schedule(coll, algo, n, r, count, slice, in_place);
+    }
+    let place = order
+        .iter()
+        .position(|&x| x == r)
+        .ok_or_else(|| CclError::invalid(format!("rank {r} is not in the rank order {order:?}")))?;
+    let mut s = schedule(coll, algo, n, place, count, slice, in_place)?;
+    s.relabel(order);
+    Ok(s)
+}
+
 /// Rank `r`'s schedule of `coll` over `n` ranks with `algo`. `slice` is the pipelining unit
 /// (elements) of chains and trees, and of the AllReduce ring, which runs on pieces of `n`
 /// slices in turn; `in_place` selects the in-place form where the schedule differs.

@@ -162,6 +162,19 @@ impl Schedule {
         p.dedup();
         p
     }
+    /// Renames the ranks this schedule talks to: rank `p` becomes `order[p]`. A schedule
+    /// built for position `k` of a ring or tree, relabeled with `order`, is rank
+    /// `order[k]`'s part of the same algorithm run over the ranks in that order.
+    pub fn relabel(&mut self, order: &[usize]) {
+        for op in self.steps.iter_mut().flat_map(|s| s.ops.iter_mut()) {
+            match op {
+                Op::Send { peer, .. } | Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => {
+                    *peer = order[*peer];
+                }
+                Op::Copy { .. } | Op::Reduce { .. } | Op::Divide { .. } => {}
+            }
+        }
+    }
     /// Elements this rank sends in total.
     pub fn sent_elems(&self) -> usize {
         self.steps

@@ -31,6 +31,9 @@ enum Mode {
     Tcp,
     /// Ranks 2k and 2k+1 claim one host: shared memory inside, the soft RNIC across.
     Mixed,
+    /// Ranks placed cyclically on two hosts (even ranks on one, odd on the other): shared
+    /// memory inside, the soft RNIC across.
+    Cyclic,
 }
 
 // Rings are small, so the suite fits a container's 64 MB /dev/shm; the 8 KiB RDMA ring makes
@@ -57,6 +60,7 @@ fn config(mode: Mode, r: usize, timeout: Duration) -> CommConfig {
         }
         Mode::Tcp => cfg.transports = Transports::parse("tcp").unwrap(),
         Mode::Mixed => cfg.shm.host = Some(format!("host{}", r / 2)),
+        Mode::Cyclic => cfg.shm.host = Some(format!("host{}", r % 2)),
     }
     cfg
 }
@@ -91,6 +95,8 @@ fn ranks_over<T: Send + 'static>(
                         Mode::Tcp => "via TCP",
                         Mode::Mixed if j / 2 == r / 2 => "via SHM",
                         Mode::Mixed => "via RoCE soft-RNIC",
+                        Mode::Cyclic if j % 2 == r % 2 => "via SHM",
+                        Mode::Cyclic => "via RoCE soft-RNIC",
                     };
                     assert!(
                         p.starts_with(&format!("rank {r} -> {j} {want}")),
@@ -472,6 +478,40 @@ fn split_by_color_and_key() {
     assert_eq!(out[1], Some((1, 2, 4.0)));
     assert_eq!(out[3], Some((0, 2, 4.0)));
     assert_eq!(out[4], None);
+}
+
+/// Ranks placed cyclically on two hosts take their places in rings and trees host by host
+/// (the ring crosses between hosts twice, not at every step), every AllReduce algorithm still
+/// gives the exact sum, and ranks placed host by host keep their own numbers.
+#[test]
+fn ranks_of_one_host_sit_next_to_each_other_in_rings() {
+    for (mode, n, want) in [
+        (Mode::Cyclic, 4, vec![0, 2, 1, 3]),
+        (Mode::Cyclic, 5, vec![0, 2, 4, 1, 3]),
+        (Mode::Mixed, 4, vec![0, 1, 2, 3]),
+    ] {
+        ranks_over(mode, n, Duration::from_secs(20), move |c| {
+            let (r, n) = (c.rank(), c.size());
+            assert_eq!(c.rank_order(), want.as_slice(), "{mode:?} rank {r}");
+            for algo in Algorithm::ALL {
+                let count = 3000 + 1;
+                let mine = f32s((0..count).map(|i| (i % 5) as f32 * (r + 1) as f32));
+                let mut out = vec![0u8; count * 4];
+                c.set_algorithm(Some(algo));
+                c.all_reduce(&mine, &mut out, count, DataType::F32, RedOp::Sum)
+                    .unwrap();
+                let tri = (n * (n + 1) / 2) as f32;
+                let want: Vec<f32> = (0..count).map(|i| (i % 5) as f32 * tri).collect();
+                assert_eq!(to_f32(&out), want, "{mode:?} {} rank {r}", algo.name());
+            }
+            // A collective that depends on places: AllGather keeps rank order.
+            let mut all = vec![0u8; 4 * n];
+            c.set_algorithm(None);
+            c.all_gather(&f32s([r as f32]), &mut all, 1, DataType::F32)
+                .unwrap();
+            assert_eq!(to_f32(&all), (0..n).map(|x| x as f32).collect::<Vec<_>>());
+        });
+    }
 }
 
 #[test]

@@ -85,6 +85,21 @@ struct Case {
     count: usize,
     in_place: bool,
     seed: u64,
+    /// The ranks' places in rings and trees (`plan::schedule_ordered`).
+    order: Vec<usize>,
+}
+
+/// A permutation of `0..n` from `seed` (Fisher-Yates over a xorshift stream).
+fn shuffled(n: usize, seed: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut x = seed | 1;
+    for i in (1..n).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    order
 }
 
 fn values(seed: u64, rank: usize, len: usize, op: Option<RedOp>) -> Vec<i64> {
@@ -121,7 +136,9 @@ fn run_case(c: &Case) -> Result<(), String> {
         })
         .collect();
     let scheds: Vec<_> = (0..n)
-        .map(|r| plan::schedule(c.coll, c.algo, n, r, count, 3, c.in_place).unwrap())
+        .map(|r| {
+            plan::schedule_ordered(c.coll, c.algo, n, r, count, 3, c.in_place, &c.order).unwrap()
+        })
         .collect();
     for (r, s) in scheds.iter().enumerate() {
         let (i, o) = c.coll.sizes(n, r, count);
@@ -238,16 +255,21 @@ proptest! {
         root in 0usize..9,
         in_place: bool,
         seed: u64,
+        shuffle: bool,
     ) {
         let t = DataType::ALL[t];
         let op = RedOp::ALL[o];
         for coll in collectives(n, root, op) {
             for &algo in coll.algorithms() {
                 let in_place = in_place && coll.in_place_layout(n, 0, count).is_some();
-                let c = Case { coll, algo, t, n, count, in_place, seed };
+                // Ranks placed in a shuffled order (as ranks of several hosts are), half
+                // the time.
+                let order = if shuffle { shuffled(n, seed) } else { (0..n).collect() };
+                let c = Case { coll, algo, t, n, count, in_place, seed, order: order.clone() };
                 if let Err(e) = run_case(&c) {
                     return Err(TestCaseError::fail(format!(
-                        "{coll} {} {t} n={n} count={count} in_place={in_place} seed={seed}: {e}",
+                        "{coll} {} {t} n={n} count={count} in_place={in_place} seed={seed} \
+                         order={order:?}: {e}",
                         algo.name()
                     )));
                 }
@@ -272,6 +294,7 @@ fn allreduce_every_type_and_reduction() {
                             count: 2 * n + 1,
                             in_place,
                             seed: 7,
+                            order: shuffled(n, 7),
                         };
                         run_case(&c).unwrap_or_else(|e| {
                             panic!("{t} {op} n={n} {} in_place={in_place}: {e}", algo.name())
@@ -382,5 +405,77 @@ fn the_allreduce_ring_is_pipelined_in_pieces_of_n_slices() {
                 );
             }
         }
+    }
+}
+
+/// With ranks placed host by host in an order other than their numbers, the AllReduce ring
+/// passes between neighbours in that order only: it crosses from one host to the next once
+/// per host, not at every step.
+#[test]
+fn an_ordered_allreduce_ring_passes_between_neighbours_in_the_order() {
+    // Ranks 0, 2 and 4 on one host, 1 and 3 on the other (a cyclic placement).
+    let order = [0, 2, 4, 1, 3];
+    let n = order.len();
+    let host = |r: usize| r % 2;
+    let mut crossings = 0;
+    for r in 0..n {
+        let s = plan::schedule_ordered(
+            Collective::AllReduce(RedOp::Sum),
+            Algorithm::Ring,
+            n,
+            r,
+            1000,
+            10,
+            false,
+            &order,
+        )
+        .unwrap();
+        let place = order.iter().position(|&x| x == r).unwrap();
+        let next = order[(place + 1) % n];
+        let prev = order[(place + n - 1) % n];
+        for op in s.steps.iter().flat_map(|st| st.ops.iter()) {
+            match *op {
+                Op::Send { peer, .. } => assert_eq!(peer, next, "rank {r} sends"),
+                Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => {
+                    assert_eq!(peer, prev, "rank {r} receives")
+                }
+                _ => {}
+            }
+        }
+        crossings += usize::from(host(next) != host(r));
+    }
+    assert_eq!(crossings, 2, "one crossing per host");
+    // In rank order the same ring would cross at every step.
+    assert_eq!((0..n).filter(|&r| host((r + 1) % n) != host(r)).count(), 4);
+    // Collectives whose result depends on the places keep the ranks' own numbers.
+    let ag = |o: &[usize]| {
+        plan::schedule_ordered(
+            Collective::AllGather,
+            Algorithm::Ring,
+            n,
+            1,
+            10,
+            10,
+            false,
+            o,
+        )
+        .unwrap()
+    };
+    assert_eq!(ag(&order), ag(&[0, 1, 2, 3, 4]));
+    // An order that is not a permutation is refused.
+    for bad in [&[0, 1, 1, 3, 4][..], &[0, 1, 2], &[0, 1, 2, 3, 5]] {
+        assert!(
+            plan::schedule_ordered(
+                Collective::AllReduce(RedOp::Sum),
+                Algorithm::Ring,
+                n,
+                0,
+                10,
+                10,
+                false,
+                bad
+            )
+            .is_err()
+        );
     }
 }
