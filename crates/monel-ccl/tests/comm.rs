@@ -480,6 +480,27 @@ fn split_by_color_and_key() {
     assert_eq!(out[4], None);
 }
 
+/// Runs an f32 AllReduce of `count` elements by every algorithm (forced, and the choice
+/// reported as forced) and checks the exact sums.
+fn every_allreduce_algorithm_sums_exactly(c: &mut Communicator, count: usize, what: &str) {
+    let (r, n) = (c.rank(), c.size());
+    for algo in Algorithm::ALL {
+        let mine = f32s((0..count).map(|i| (i % 7) as f32 * (r + 1) as f32));
+        let mut out = vec![0u8; count * 4];
+        c.set_algorithm(Some(algo));
+        c.all_reduce(&mine, &mut out, count, DataType::F32, RedOp::Sum)
+            .unwrap();
+        let tri = (n * (n + 1) / 2) as f32;
+        let want: Vec<f32> = (0..count).map(|i| (i % 7) as f32 * tri).collect();
+        assert_eq!(to_f32(&out), want, "{what} {} rank {r}", algo.name());
+        assert_eq!(
+            c.algorithm_for(Collective::AllReduce(RedOp::Sum), DataType::F32, count),
+            algo
+        );
+    }
+    c.set_algorithm(None);
+}
+
 /// Ranks placed cyclically on two hosts take their places in rings and trees host by host
 /// (the ring crosses between hosts twice, not at every step), every AllReduce algorithm still
 /// gives the exact sum, and ranks placed host by host keep their own numbers.
@@ -493,20 +514,9 @@ fn ranks_of_one_host_sit_next_to_each_other_in_rings() {
         ranks_over(mode, n, Duration::from_secs(20), move |c| {
             let (r, n) = (c.rank(), c.size());
             assert_eq!(c.rank_order(), want.as_slice(), "{mode:?} rank {r}");
-            for algo in Algorithm::ALL {
-                let count = 3000 + 1;
-                let mine = f32s((0..count).map(|i| (i % 5) as f32 * (r + 1) as f32));
-                let mut out = vec![0u8; count * 4];
-                c.set_algorithm(Some(algo));
-                c.all_reduce(&mine, &mut out, count, DataType::F32, RedOp::Sum)
-                    .unwrap();
-                let tri = (n * (n + 1) / 2) as f32;
-                let want: Vec<f32> = (0..count).map(|i| (i % 5) as f32 * tri).collect();
-                assert_eq!(to_f32(&out), want, "{mode:?} {} rank {r}", algo.name());
-            }
+            every_allreduce_algorithm_sums_exactly(c, 3001, &format!("{mode:?}"));
             // A collective that depends on places: AllGather keeps rank order.
             let mut all = vec![0u8; 4 * n];
-            c.set_algorithm(None);
             c.all_gather(&f32s([r as f32]), &mut all, 1, DataType::F32)
                 .unwrap();
             assert_eq!(to_f32(&all), (0..n).map(|x| x as f32).collect::<Vec<_>>());
@@ -519,22 +529,7 @@ fn every_allreduce_algorithm_over_real_transports() {
     for mode in [Mode::Shm(4096), Mode::Rdma(8192), Mode::Tcp] {
         for n in [3, 4] {
             ranks_over(mode, n, Duration::from_secs(20), move |c| {
-                let (r, n) = (c.rank(), c.size());
-                for algo in Algorithm::ALL {
-                    let count = 5000 + 1;
-                    let mine = f32s((0..count).map(|i| (i % 7) as f32 * (r + 1) as f32));
-                    let mut out = vec![0u8; count * 4];
-                    c.set_algorithm(Some(algo));
-                    c.all_reduce(&mine, &mut out, count, DataType::F32, RedOp::Sum)
-                        .unwrap();
-                    let tri = (n * (n + 1) / 2) as f32;
-                    let want: Vec<f32> = (0..count).map(|i| (i % 7) as f32 * tri).collect();
-                    assert_eq!(to_f32(&out), want, "{mode:?} {} rank {r}", algo.name());
-                    assert_eq!(
-                        c.algorithm_for(Collective::AllReduce(RedOp::Sum), DataType::F32, count),
-                        algo
-                    );
-                }
+                every_allreduce_algorithm_sums_exactly(c, 5001, &format!("{mode:?}"));
             });
         }
     }
