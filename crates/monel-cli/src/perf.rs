@@ -40,6 +40,11 @@ pub(crate) struct PerfArgs {
     /// Datagrams per sendmmsg batch (udp-bw).
     #[arg(long, default_value_t = 32)]
     batch: usize,
+    /// udp-lat: each side sends, with every datagram and in the same sendmmsg, a 20-byte one
+    /// standing for the ACK a reliable connection owes (BTH, AETH, ICRC) and skips the
+    /// peer's on receipt: the least an RC transport puts through the kernel per message.
+    #[arg(long)]
+    with_ack: bool,
 }
 
 fn cpu_seconds() -> f64 {
@@ -172,7 +177,8 @@ fn udp(a: &PerfArgs) -> anyhow::Result<()> {
     if gso {
         nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::UdpGroSegment, &true)?;
     }
-    let mut buf = vec![0x5au8; (dgram * per_msg).max(if bw { 65_536 } else { 8 })];
+    // Room to receive any datagram of the test (and the stand-in ACK of `--with-ack`).
+    let mut buf = vec![0x5au8; (dgram * per_msg).max(if bw { 65_536 } else { 64 })];
     // --busy: spin on a non-blocking socket, as the soft RNIC's busy-polling waits do.
     let busy = a.conn.busy && !bw;
     sock.set_nonblocking(busy)?;
@@ -197,6 +203,10 @@ fn udp(a: &PerfArgs) -> anyhow::Result<()> {
                 t0.get_or_insert_with(Instant::now);
                 if bw {
                     bytes += n as u64;
+                } else if a.with_ack {
+                    if !is_ack(&buf[..n]) {
+                        send_with_ack(&sock, &buf[..n], from)?;
+                    }
                 } else {
                     sock.send_to(&buf[..n], from)?;
                 }
@@ -268,8 +278,18 @@ fn udp(a: &PerfArgs) -> anyhow::Result<()> {
                 let mut r = vec![0u8; buf.len()];
                 for _ in 0..n {
                     let t = Instant::now();
-                    sock.send_to(&buf, to)?;
-                    recv_spin(&sock, &mut r, busy)?;
+                    if a.with_ack {
+                        send_with_ack(&sock, &buf[..size], to)?;
+                        loop {
+                            let (k, _) = recv_spin(&sock, &mut r, busy)?;
+                            if !is_ack(&r[..k]) {
+                                break;
+                            }
+                        }
+                    } else {
+                        sock.send_to(&buf[..size], to)?;
+                        recv_spin(&sock, &mut r, busy)?;
+                    }
                     samples.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
                 }
                 sock.send_to(&[], to)?;
@@ -280,6 +300,32 @@ fn udp(a: &PerfArgs) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The stand-in ACK of `udp-lat --with-ack`: as long as a RoCE ACK (BTH 12, AETH 4, ICRC 4).
+const ACK: [u8; 20] = [0x11; 20];
+
+fn is_ack(d: &[u8]) -> bool {
+    d == ACK
+}
+
+/// Sends `data`, then the stand-in ACK, in one sendmmsg (as the soft RNIC sends a reply with
+/// the ACK it owes behind it).
+fn send_with_ack(sock: &UdpSocket, data: &[u8], to: SocketAddr) -> anyhow::Result<()> {
+    let mut hdrs = MultiHeaders::<SockaddrStorage>::preallocate(2, None);
+    let addr = Some(SockaddrStorage::from(to));
+    let slices = [[IoSlice::new(data)], [IoSlice::new(&ACK)]];
+    let sent = sendmmsg(
+        sock.as_raw_fd(),
+        &mut hdrs,
+        &slices,
+        [addr, addr],
+        [],
+        MsgFlags::empty(),
+    )?
+    .count();
+    anyhow::ensure!(sent == 2, "sendmmsg sent {sent} of 2");
+    Ok(())
 }
 
 /// Receives one datagram: blocking, or (`busy`) spinning on a non-blocking socket for up to

@@ -320,6 +320,37 @@ fn engine_late(core: &Core, t: Instant) -> bool {
     core.engine_wake_at.is_none_or(|p| t < p)
 }
 
+/// What a waiting thread sleeps on: the device's sockets, then the CQ's channel. Held on the
+/// stack for up to [`PollSet::INLINE`] sockets (a wait allocates nothing).
+enum PollSet<'a> {
+    Inline([PollFd<'a>; PollSet::INLINE + 1], usize),
+    Heap(Vec<PollFd<'a>>),
+}
+
+impl<'a> PollSet<'a> {
+    const INLINE: usize = 3;
+
+    fn new(shared: &'a DevShared, cq: &'a CqShared) -> Self {
+        let socks = &shared.sockets.socks;
+        let fd = |i: usize| match socks.get(i) {
+            Some(s) => PollFd::new(s.udp.as_fd(), PollFlags::POLLIN),
+            None => PollFd::new(cq.channel.as_fd(), PollFlags::POLLIN),
+        };
+        if socks.len() <= Self::INLINE {
+            Self::Inline(std::array::from_fn(fd), socks.len() + 1)
+        } else {
+            Self::Heap((0..=socks.len()).map(fd).collect())
+        }
+    }
+
+    fn fds(&mut self) -> &mut [PollFd<'a>] {
+        match self {
+            Self::Inline(a, n) => &mut a[..*n],
+            Self::Heap(v) => v,
+        }
+    }
+}
+
 /// Blocks until `cq` has a completion or `deadline` passes, driving the device's sockets on
 /// this thread meanwhile. The datagram that completes a work request wakes the thread
 /// waiting for it directly.
@@ -327,13 +358,8 @@ pub(crate) fn wait_cq(shared: &DevShared, cq: &CqShared, deadline: std::time::In
     if cq.has_completions() {
         return true;
     }
-    let mut fds: Vec<PollFd<'_>> = shared
-        .sockets
-        .socks
-        .iter()
-        .map(|s| PollFd::new(s.udp.as_fd(), PollFlags::POLLIN))
-        .chain([PollFd::new(cq.channel.as_fd(), PollFlags::POLLIN)])
-        .collect();
+    let mut set = PollSet::new(shared, cq);
+    let fds = set.fds();
     shared.callers.fetch_add(1, Ordering::AcqRel);
     let got = loop {
         if cq.has_completions() {
@@ -362,7 +388,7 @@ pub(crate) fn wait_cq(shared: &DevShared, cq: &CqShared, deadline: std::time::In
             break true;
         }
         let ts = TimeSpec::from_duration(deadline - now_w);
-        let _ = ppoll(&mut fds, Some(ts), None);
+        let _ = ppoll(fds, Some(ts), None);
         // Woken by a datagram: this thread completes its own work, with no channel write.
         cq.disarm();
         let ready = |f: &PollFd<'_>| {

@@ -200,12 +200,17 @@ fn check(wc: &crate::WorkCompletion) -> Result<()> {
     }
 }
 
-fn wait(cq: &CompletionQueue, busy: bool) -> Result<crate::WorkCompletion> {
+/// The next completion; `got` is scratch space, reused so the loop allocates nothing.
+fn wait(
+    cq: &CompletionQueue,
+    busy: bool,
+    got: &mut Vec<crate::WorkCompletion>,
+) -> Result<crate::WorkCompletion> {
     // A completion already queued is taken without a clock read or a wait.
-    let mut got = Vec::new();
+    got.clear();
     let mut deadline = None;
     loop {
-        if cq.poll_queued(1, &mut got) == 1 || (busy && cq.poll_into(1, &mut got) == 1) {
+        if cq.poll_queued(1, got) == 1 || (busy && cq.poll_into(1, got) == 1) {
             let wc = got.pop().expect("one completion");
             check(&wc)?;
             return Ok(wc);
@@ -401,6 +406,7 @@ pub fn lat(
 ) -> Result<LatReport> {
     let n = o.iters as usize;
     let mut samples = Vec::with_capacity(n);
+    let mut got = Vec::with_capacity(1);
     match test {
         Test::ReadLat | Test::AtomicLat => {
             if !initiator {
@@ -412,7 +418,7 @@ pub fn lat(
             for i in 0..n {
                 let t = Instant::now();
                 post_op(e, test, o.size, i as u64, true)?;
-                wait(e.cq, busy)?;
+                wait(e.cq, busy, &mut got)?;
                 samples.push(t.elapsed().as_secs_f64() * 1e6);
             }
         }
@@ -433,7 +439,7 @@ pub fn lat(
             let mut sends = u32::from(initiator);
             let mut sent_done = 0;
             while recvs < n || sent_done < sends {
-                let wc = wait(e.cq, busy)?;
+                let wc = wait(e.cq, busy, &mut got)?;
                 if wc.opcode == crate::WcOpcode::Send {
                     sent_done += 1;
                     continue;
