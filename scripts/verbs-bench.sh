@@ -3,7 +3,10 @@
 # ratios. RC WRITE of 64 KiB messages (MTU 4096) against sendmmsg of 4112-byte datagrams in
 # batches of 32 (the RNIC's own batch), both with UDP GSO/GRO (up to 15 datagrams per
 # message) and both without (--no-gso); 8-byte SEND ping-pong against an 8-byte UDP
-# ping-pong, both sleeping in the kernel between messages, then both spinning (--busy).
+# ping-pong, both sleeping in the kernel between messages, then both spinning (--busy); and
+# the floor of a reliable connection: the UDP ping-pong with each datagram followed by a
+# 20-byte stand-in ACK in the same sendmmsg (udp-lat --with-ack), which Monel's ratio is also
+# given against.
 #   scripts/verbs-bench.sh [RUNS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +28,7 @@ median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a
 : > /tmp/monel-bench-udpbw0.$$; : > /tmp/monel-bench-wbw0.$$; : > /tmp/monel-bench-cpu0.$$
 : > /tmp/monel-bench-udplat.$$; : > /tmp/monel-bench-slat.$$
 : > /tmp/monel-bench-budplat.$$; : > /tmp/monel-bench-bslat.$$
+: > /tmp/monel-bench-acklat.$$; : > /tmp/monel-bench-backlat.$$
 for i in $(seq "$runs"); do
   pair udp-bw -n 20000 | sed -n 's/.*delivered \([0-9.]*\) Gb\/s.*/\1/p' >> /tmp/monel-bench-udpbw.$$
   out=$(pair write-bw -s 65536 -n 20000 | tail -1)
@@ -35,21 +39,26 @@ for i in $(seq "$runs"); do
   echo "$out" | sed -n 's/.*\[\([0-9.]*\) Gb\/s.*/\1/p' >> /tmp/monel-bench-wbw0.$$
   echo "$out" | sed -n 's/.*Gb\/s, \([0-9.]*\) CPU.*/\1/p' >> /tmp/monel-bench-cpu0.$$
   pair udp-lat -s 8 -n 5000 | tail -1 | awk '{print $5}' >> /tmp/monel-bench-udplat.$$
+  pair udp-lat -s 8 -n 5000 --with-ack | tail -1 | awk '{print $5}' >> /tmp/monel-bench-acklat.$$
   pair send-lat -s 8 -n 5000 | tail -1 | awk '{print $5}' >> /tmp/monel-bench-slat.$$
   pair udp-lat -s 8 -n 5000 --busy | tail -1 | awk '{print $5}' >> /tmp/monel-bench-budplat.$$
+  pair udp-lat -s 8 -n 5000 --busy --with-ack | tail -1 | awk '{print $5}' >> /tmp/monel-bench-backlat.$$
   pair send-lat -s 8 -n 5000 --busy | tail -1 | awk '{print $5}' >> /tmp/monel-bench-bslat.$$
 done
 u=$(median < /tmp/monel-bench-udpbw.$$); w=$(median < /tmp/monel-bench-wbw.$$); c=$(median < /tmp/monel-bench-cpu.$$)
 u0=$(median < /tmp/monel-bench-udpbw0.$$); w0=$(median < /tmp/monel-bench-wbw0.$$); c0=$(median < /tmp/monel-bench-cpu0.$$)
 ul=$(median < /tmp/monel-bench-udplat.$$); sl=$(median < /tmp/monel-bench-slat.$$)
 bul=$(median < /tmp/monel-bench-budplat.$$); bsl=$(median < /tmp/monel-bench-bslat.$$)
+al=$(median < /tmp/monel-bench-acklat.$$); bal=$(median < /tmp/monel-bench-backlat.$$)
 echo "runs: $runs (medians)"
 echo "raw UDP goodput (4112 B x32, GSO):      $u Gb/s   [$(tr '\n' ' ' < /tmp/monel-bench-udpbw.$$)]"
 echo "Monel RC WRITE 64 KiB, MTU 4096, GSO:   $w Gb/s   [$(tr '\n' ' ' < /tmp/monel-bench-wbw.$$)]  ratio $(echo "$w / $u" | bc -l | cut -c1-5); client CPU $c s/GB"
 echo "raw UDP goodput (4112 B x32, no GSO):   $u0 Gb/s   [$(tr '\n' ' ' < /tmp/monel-bench-udpbw0.$$)]"
 echo "Monel RC WRITE 64 KiB, no GSO:          $w0 Gb/s   [$(tr '\n' ' ' < /tmp/monel-bench-wbw0.$$)]  ratio $(echo "$w0 / $u0" | bc -l | cut -c1-5); client CPU $c0 s/GB"
 echo "raw UDP 8 B ping-pong, one-way median:  $ul us   [$(tr '\n' ' ' < /tmp/monel-bench-udplat.$$)]"
-echo "Monel 8 B SEND ping-pong, t_typical:    $sl us   [$(tr '\n' ' ' < /tmp/monel-bench-slat.$$)]  ratio $(echo "$sl / $ul" | bc -l | cut -c1-5)"
+echo "raw UDP 8 B + 20 B ACK (RC floor):      $al us   [$(tr '\n' ' ' < /tmp/monel-bench-acklat.$$)]"
+echo "Monel 8 B SEND ping-pong, t_typical:    $sl us   [$(tr '\n' ' ' < /tmp/monel-bench-slat.$$)]  ratio $(echo "$sl / $ul" | bc -l | cut -c1-5); to the floor $(echo "$sl / $al" | bc -l | cut -c1-5)"
 echo "busy: raw UDP 8 B ping-pong:            $bul us   [$(tr '\n' ' ' < /tmp/monel-bench-budplat.$$)]"
-echo "busy: Monel 8 B SEND ping-pong:         $bsl us   [$(tr '\n' ' ' < /tmp/monel-bench-bslat.$$)]  ratio $(echo "$bsl / $bul" | bc -l | cut -c1-5)"
+echo "busy: raw UDP 8 B + 20 B ACK (floor):    $bal us   [$(tr '\n' ' ' < /tmp/monel-bench-backlat.$$)]"
+echo "busy: Monel 8 B SEND ping-pong:         $bsl us   [$(tr '\n' ' ' < /tmp/monel-bench-bslat.$$)]  ratio $(echo "$bsl / $bul" | bc -l | cut -c1-5); to the floor $(echo "$bsl / $bal" | bc -l | cut -c1-5)"
 rm -f /tmp/monel-bench-*.$$
