@@ -21,7 +21,8 @@ NS=${RXE_NETNS:-rxenet}
 pcap=$out/interop.pcap
 ip netns exec "$NS" tcpdump -Z root -i rxebr0 -U -s 0 -w "$pcap" 'udp port 4791' 2>/dev/null &
 tcpd=$!
-trap 'kill $tcpd 2>/dev/null || true' EXIT
+# On exit the capture stops and the test network goes (RXEVM_KEEP_NET=1 keeps it).
+trap 'kill $tcpd 2>/dev/null || true; [ -n "${RXEVM_KEEP_NET:-}" ] || "$here/net.sh" down' EXIT
 sleep 1
 fail=0
 pp() { ip netns exec "$NS" timeout 120 "$monel" pingpong -d 10.77.0.1 -n "$iters" -c --counters --timeout 90 "$@"; }
