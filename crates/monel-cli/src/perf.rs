@@ -187,6 +187,7 @@ fn udp(a: &PerfArgs) -> anyhow::Result<()> {
             // Receiver / echo server: runs until the client's zero-length "end" datagram.
             sock.set_read_timeout(Some(Duration::from_secs(60)))?;
             let (mut bytes, mut t0) = (0u64, None);
+            let (mut echoed, mut acks) = (0u64, 0u64);
             loop {
                 let (n, from) = recv_spin(&sock, &mut buf, busy)?;
                 if n == 0 {
@@ -197,18 +198,22 @@ fn udp(a: &PerfArgs) -> anyhow::Result<()> {
                             bytes as f64 * 8.0 / s / 1e9
                         );
                         sock.send_to(&bytes.to_be_bytes(), from)?;
+                    } else if !bw {
+                        println!("udp-lat server: {echoed} echoed, {acks} stand-in ACKs dropped");
                     }
                     return Ok(());
                 }
                 t0.get_or_insert_with(Instant::now);
                 if bw {
                     bytes += n as u64;
+                } else if a.with_ack && is_ack(&buf[..n]) {
+                    acks += 1;
                 } else if a.with_ack {
-                    if !is_ack(&buf[..n]) {
-                        send_with_ack(&sock, &buf[..n], from)?;
-                    }
+                    send_with_ack(&sock, &buf[..n], from)?;
+                    echoed += 1;
                 } else {
                     sock.send_to(&buf[..n], from)?;
+                    echoed += 1;
                 }
             }
         }

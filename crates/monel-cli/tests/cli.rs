@@ -215,6 +215,43 @@ fn perf_tools_run_between_two_processes() {
 }
 
 #[test]
+fn udp_ping_pong_baselines_run_with_and_without_the_stand_in_ack() {
+    for (i, extra) in [None, Some("--with-ack")].into_iter().enumerate() {
+        let port = (18840 + i).to_string();
+        let mut args = vec![
+            "perf",
+            "udp-lat",
+            "-d",
+            "127.0.1.4",
+            "-p",
+            &port,
+            "-n",
+            "300",
+        ];
+        args.extend(extra);
+        let srv = spawn(&args);
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        args[3] = "127.0.1.5";
+        args.push("127.0.1.4");
+        let (code, out) = monel(&args);
+        assert_eq!(code, 0, "{extra:?}: {out}");
+        let row = out.lines().last().unwrap_or_default().to_string();
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cols.get(..2), Some(&["8", "300"][..]), "{extra:?}: {out}");
+        let (code, sout) = finish(srv);
+        assert_eq!(code, 0, "{extra:?} server: {sout}");
+        // Every request came back; with --with-ack each came with its ACK, read and dropped.
+        let acks = if extra.is_some() { 300 } else { 0 };
+        assert!(
+            sout.contains(&format!(
+                "udp-lat server: 300 echoed, {acks} stand-in ACKs dropped"
+            )),
+            "{extra:?}: {sout}"
+        );
+    }
+}
+
+#[test]
 fn perf_refuses_a_peer_without_the_secret() {
     let srv = spawn(&[
         "perf",
