@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
 
@@ -330,16 +330,16 @@ enum PollSet<'a> {
 impl<'a> PollSet<'a> {
     const INLINE: usize = 3;
 
-    fn new(shared: &'a DevShared, cq: &'a CqShared) -> Self {
-        let socks = &shared.sockets.socks;
-        let fd = |i: usize| match socks.get(i) {
-            Some(s) => PollFd::new(s.udp.as_fd(), PollFlags::POLLIN),
-            None => PollFd::new(cq.channel.as_fd(), PollFlags::POLLIN),
-        };
-        if socks.len() <= Self::INLINE {
-            Self::Inline(std::array::from_fn(fd), socks.len() + 1)
+    fn new(
+        mut socks: impl ExactSizeIterator<Item = BorrowedFd<'a>>,
+        channel: BorrowedFd<'a>,
+    ) -> Self {
+        let n = socks.len();
+        let mut fd = || PollFd::new(socks.next().unwrap_or(channel), PollFlags::POLLIN);
+        if n <= Self::INLINE {
+            Self::Inline(std::array::from_fn(|_| fd()), n + 1)
         } else {
-            Self::Heap((0..=socks.len()).map(fd).collect())
+            Self::Heap((0..=n).map(|_| fd()).collect())
         }
     }
 
@@ -358,7 +358,10 @@ pub(crate) fn wait_cq(shared: &DevShared, cq: &CqShared, deadline: std::time::In
     if cq.has_completions() {
         return true;
     }
-    let mut set = PollSet::new(shared, cq);
+    let mut set = PollSet::new(
+        shared.sockets.socks.iter().map(|s| s.udp.as_fd()),
+        cq.channel.as_fd(),
+    );
     let fds = set.fds();
     shared.callers.fetch_add(1, Ordering::AcqRel);
     let got = loop {
@@ -730,6 +733,23 @@ fn service_slot(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_poll_set_lists_the_sockets_then_the_channel_on_the_stack_or_the_heap() {
+        use std::os::fd::AsRawFd;
+        let socks: Vec<std::net::UdpSocket> = (0..5)
+            .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let channel = nix::sys::eventfd::EventFd::new().unwrap();
+        for k in 0..=socks.len() {
+            let mut set = PollSet::new(socks[..k].iter().map(|s| s.as_fd()), channel.as_fd());
+            assert_eq!(matches!(set, PollSet::Inline(..)), k <= PollSet::INLINE);
+            let raw: Vec<i32> = set.fds().iter().map(|f| f.as_fd().as_raw_fd()).collect();
+            let mut want: Vec<i32> = socks[..k].iter().map(|s| s.as_raw_fd()).collect();
+            want.push(channel.as_raw_fd());
+            assert_eq!(raw, want, "{k} sockets");
+        }
+    }
 
     #[test]
     fn icrc_check_accepts_zero_id_and_solves_other_ids() {
