@@ -182,6 +182,7 @@ fn udp(a: &PerfArgs) -> anyhow::Result<()> {
     // --busy: spin on a non-blocking socket, as the soft RNIC's busy-polling waits do.
     let busy = a.conn.busy && !bw;
     sock.set_nonblocking(busy)?;
+    let mut ack_hdrs = MultiHeaders::<SockaddrStorage>::preallocate(2, None);
     match &a.server {
         None => {
             // Receiver / echo server: runs until the client's zero-length "end" datagram.
@@ -209,7 +210,7 @@ fn udp(a: &PerfArgs) -> anyhow::Result<()> {
                 } else if a.with_ack && is_ack(&buf[..n]) {
                     acks += 1;
                 } else if a.with_ack {
-                    send_with_ack(&sock, &buf[..n], from)?;
+                    send_with_ack(&sock, &mut ack_hdrs, &buf[..n], from)?;
                     echoed += 1;
                 } else {
                     sock.send_to(&buf[..n], from)?;
@@ -284,7 +285,7 @@ fn udp(a: &PerfArgs) -> anyhow::Result<()> {
                 for _ in 0..n {
                     let t = Instant::now();
                     if a.with_ack {
-                        send_with_ack(&sock, &buf[..size], to)?;
+                        send_with_ack(&sock, &mut ack_hdrs, &buf[..size], to)?;
                         loop {
                             let (k, _) = recv_spin(&sock, &mut r, busy)?;
                             if !is_ack(&r[..k]) {
@@ -315,14 +316,18 @@ fn is_ack(d: &[u8]) -> bool {
 }
 
 /// Sends `data`, then the stand-in ACK, in one sendmmsg (as the soft RNIC sends a reply with
-/// the ACK it owes behind it).
-fn send_with_ack(sock: &UdpSocket, data: &[u8], to: SocketAddr) -> anyhow::Result<()> {
-    let mut hdrs = MultiHeaders::<SockaddrStorage>::preallocate(2, None);
+/// the ACK it owes behind it), over headers made once per run (as the soft RNIC's are).
+fn send_with_ack(
+    sock: &UdpSocket,
+    hdrs: &mut MultiHeaders<SockaddrStorage>,
+    data: &[u8],
+    to: SocketAddr,
+) -> anyhow::Result<()> {
     let addr = Some(SockaddrStorage::from(to));
     let slices = [[IoSlice::new(data)], [IoSlice::new(&ACK)]];
     let sent = sendmmsg(
         sock.as_raw_fd(),
-        &mut hdrs,
+        hdrs,
         &slices,
         [addr, addr],
         [],
