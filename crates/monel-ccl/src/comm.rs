@@ -20,6 +20,7 @@ use crate::rdma::{self, RdmaConfig, Via};
 use crate::schedule::{Buf, Op, Schedule, Span, Step};
 use crate::shm::{ShmConfig, Upgrade, upgrade};
 use crate::tune;
+use crate::window::{self, Loc, Region, Window, Windows};
 
 /// Settings (each has a `MONEL_*` variable; see [`CommConfig::from_env`]).
 #[derive(Debug, Clone)]
@@ -256,6 +257,10 @@ pub struct Communicator {
     costs: tune::Costs,
     /// The ranks' places in rings and trees ([`host_order`]).
     order: Vec<usize>,
+    /// Symmetric memory windows and their meeting point.
+    windows: Windows,
+    /// How the last collective ran: an algorithm's name, or `window`.
+    last_path: &'static str,
 }
 
 /// The ranks' places in rings and trees: grouped by host (the machine, or the address where
@@ -587,6 +592,8 @@ impl Communicator {
             yield_every,
             costs,
             order,
+            windows: Windows::default(),
+            last_path: "",
         })
     }
 
@@ -692,6 +699,16 @@ impl Communicator {
                         need_out * es
                     )));
                 }
+                let (sp, rp) = (send.as_ptr(), recv.as_mut_ptr());
+                if let Some((sl, rl)) = self.window_locs(sp, need_in * es, rp, need_out * es) {
+                    return self.run_direct(
+                        coll,
+                        dtype,
+                        count,
+                        (sp, sl, need_in * es),
+                        (rp, rl, need_out * es),
+                    );
+                }
                 Buffers::separate(
                     &send[..need_in * es],
                     &mut recv[..need_out * es],
@@ -711,6 +728,20 @@ impl Communicator {
                         buf.len(),
                         len * es
                     )));
+                }
+                let base = buf.as_mut_ptr();
+                // SAFETY: io_ + need_in and oo + need_out are within the layout's `len`
+                // elements, which the buffer holds (checked above).
+                #[allow(unsafe_code)]
+                let (sp, rp) = unsafe { (base.add(io_ * es).cast_const(), base.add(oo * es)) };
+                if let Some((sl, rl)) = self.window_locs(sp, need_in * es, rp, need_out * es) {
+                    return self.run_direct(
+                        coll,
+                        dtype,
+                        count,
+                        (sp, sl, need_in * es),
+                        (rp, rl, need_out * es),
+                    );
                 }
                 Buffers::in_place(&mut buf[..len * es], io_, oo, dtype, op, n)
             }
@@ -770,6 +801,7 @@ impl Communicator {
                 sched.steps.len()
             );
         }
+        self.last_path = algo.name();
         let res = self.execute(sig, &sched, &mut bufs, false);
         self.scratch = bufs.take_scratch();
         let res = match res {
@@ -779,6 +811,199 @@ impl Communicator {
             r => r,
         };
         self.conclude(sig, res)
+    }
+
+    /// Where a call's send and receive bytes lie in this rank's shared windows, when both
+    /// do and the direct path may run (no algorithm forced).
+    fn window_locs(
+        &self,
+        send: *const u8,
+        send_len: usize,
+        recv: *mut u8,
+        recv_len: usize,
+    ) -> Option<(Loc, Loc)> {
+        if !self.windows.ready() || self.cfg.algo.is_some() {
+            return None;
+        }
+        let s = self.windows.locate(send, send_len)?;
+        let r = self.windows.locate(recv.cast_const(), recv_len)?;
+        // Empty buffers lie nowhere: a call with no bytes in a window (count 0) stays
+        // on the ordinary path.
+        (s.is_some() || r.is_some()).then_some((s, r))
+    }
+
+    /// Runs a collective directly on window buffers ([`window::run`]).
+    fn run_direct(
+        &mut self,
+        coll: Collective,
+        dtype: DataType,
+        count: usize,
+        send: (*const u8, Loc, usize),
+        recv: (*mut u8, Loc, usize),
+    ) -> Result<()> {
+        self.seq += 1;
+        let op = coll.op().unwrap_or(RedOp::Sum);
+        let sig = Signature {
+            seq: self.seq,
+            coll: coll_code(coll),
+            dtype: dtype.code(),
+            op: op.code(),
+            root: coll.root().unwrap_or(0) as u32,
+            count: count as u64,
+        };
+        {
+            let mut st = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+            st.seq = self.seq;
+            st.sig = Some(sig);
+            st.state = "running";
+        }
+        if self.cfg.debug {
+            eprintln!(
+                "monel INFO rank {}: {} via window (loads and stores between the ranks' \
+                 shared buffers)",
+                self.rank,
+                describe_sig(&sig)
+            );
+        }
+        self.last_path = "window";
+        let call = window::Call {
+            coll,
+            coll_code: coll_code(coll),
+            dtype,
+            count,
+            seq: self.seq,
+            rank: self.rank,
+            nranks: self.nranks,
+            send,
+            recv,
+            deadline: Instant::now() + self.cfg.timeout,
+            yield_often: self.yield_every == 1,
+            scratch: &mut self.scratch,
+        };
+        let res = match window::run(&mut self.windows, call) {
+            Err(e) if e.kind == ErrorKind::Timeout => {
+                let why = e.message.clone();
+                let mut named = self.name_missing(&describe_sig(&sig), e);
+                if !named.message.contains(&why) {
+                    named.message = format!("{} ({why})", named.message);
+                }
+                Err(named)
+            }
+            r => r,
+        };
+        self.conclude(sig, res)
+    }
+
+    /// Allocates a symmetric memory window of `len` bytes (`ncclMemAlloc` and
+    /// `ncclCommWindowRegister` in one). Collective: every rank calls it, in the same order
+    /// as its other collectives. When all ranks share this host's memory (shared-memory
+    /// links between every pair), each rank maps every rank's window, and collectives whose
+    /// buffers lie in windows on every rank run directly between them
+    /// ([`Communicator::last_path`] says `window`); otherwise the window is private memory
+    /// and collectives on it take the ordinary path. The memory starts zeroed.
+    pub fn alloc_window(&mut self, len: usize) -> Result<Window> {
+        if !self.windows.ready() {
+            if let Some(ctl) = self.share_region(usize::MAX, window::CTL_LEN)? {
+                self.windows.set_ctl(ctl);
+            }
+        }
+        let id = self.windows.next_id();
+        let shared = if self.windows.ready() {
+            self.share_region(id, len)?
+        } else {
+            None
+        };
+        let region = match shared {
+            Some(r) => r,
+            None => Region::new(
+                id,
+                len,
+                crate::shm::Segment::anonymous(window::HEADER + len)
+                    .map_err(|e| CclError::io("window memory", e))?,
+                Vec::new(),
+            ),
+        };
+        if self.cfg.debug {
+            eprintln!(
+                "monel INFO rank {}: window {id} of {len} bytes {}",
+                self.rank,
+                if region.shared() {
+                    "shared by every rank (collectives on it run directly)"
+                } else {
+                    "private (not every rank shares this host's memory)"
+                }
+            );
+        }
+        let region = Arc::new(region);
+        self.windows.push(&region);
+        Ok(Window::new(region))
+    }
+
+    /// Creates this rank's segment of `len` bytes and maps every peer's (see
+    /// [`Communicator::alloc_window`]); `None` unless every rank mapped every segment.
+    fn share_region(&mut self, id: usize, len: usize) -> Result<Option<Region>> {
+        const REC: usize = 256;
+        let (n, r) = (self.nranks, self.rank);
+        let page = 4096;
+        let total = window::HEADER + len.div_ceil(page).max(1) * page;
+        let eligible = self.cfg.transports.shm
+            && self.cfg.shm.enabled
+            && (0..n).filter(|&j| j != r).all(|j| {
+                self.links.links[j]
+                    .as_ref()
+                    .is_some_and(|l| l.kind() == "SHM")
+            });
+        let made = eligible
+            .then(|| crate::shm::create_sized(&self.cfg.shm.dir, total).ok())
+            .flatten();
+        let mut rec = [0u8; REC];
+        if let Some((path, _, nonce)) = &made {
+            let p = path.as_os_str().as_encoded_bytes();
+            if p.len() <= REC - 27 {
+                rec[0] = 1;
+                rec[1..9].copy_from_slice(&(total as u64).to_le_bytes());
+                rec[9..25].copy_from_slice(nonce);
+                rec[25..27].copy_from_slice(&(p.len() as u16).to_le_bytes());
+                rec[27..27 + p.len()].copy_from_slice(p);
+            }
+        }
+        let mut all = vec![0u8; REC * n];
+        let gathered = self.all_gather(&rec, &mut all, REC, DataType::U8);
+        let mut peers: Vec<Option<crate::shm::Segment>> = (0..n).map(|_| None).collect();
+        let mut ok = gathered.is_ok() && rec[0] == 1;
+        for j in (0..n).filter(|&j| j != r) {
+            let f = &all[j * REC..(j + 1) * REC];
+            let plen = usize::from(u16::from_le_bytes([f[25], f[26]]));
+            if !ok || f[0] != 1 || plen > REC - 27 {
+                ok = false;
+                break;
+            }
+            let size = u64::from_le_bytes(f[1..9].try_into().expect("8 bytes")) as usize;
+            let path =
+                std::path::PathBuf::from(String::from_utf8_lossy(&f[27..27 + plen]).into_owned());
+            match crate::shm::open_sized(&path, size, &f[9..25]) {
+                Ok(seg) => peers[j] = Some(seg),
+                Err(_) => ok = false,
+            }
+        }
+        let mut flag = [u8::from(ok)];
+        let agreed = gathered
+            .and_then(|()| self.all_reduce_in_place(&mut flag, 1, DataType::U8, RedOp::Min));
+        // Every rank has mapped what it could (it voted after): the names can go.
+        if let Some((path, ..)) = &made {
+            let _ = std::fs::remove_file(path);
+        }
+        agreed?;
+        match made {
+            Some((_, seg, _)) if flag[0] == 1 => Ok(Some(Region::new(id, len, seg, peers))),
+            _ => Ok(None),
+        }
+    }
+
+    /// How the last collective ran: the algorithm's name (`ring`, `tree`, ...), or `window`
+    /// when it ran directly on window buffers.
+    pub fn last_path(&self) -> &'static str {
+        self.last_path
     }
 
     /// Records how a call ended; a failure goes to every peer and fails the communicator.

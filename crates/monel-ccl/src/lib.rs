@@ -28,9 +28,11 @@ pub mod schedule;
 pub mod shm;
 pub mod sim;
 pub mod tune;
+pub mod window;
 
 pub use bootstrap::UniqueId;
 pub use comm::{CommConfig, Communicator, GroupOp, Io};
 pub use dtype::{DataType, RedOp};
 pub use error::{CclError, ErrorKind, Result};
 pub use plan::{Algorithm, Collective};
+pub use window::Window;

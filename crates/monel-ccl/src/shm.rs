@@ -53,12 +53,38 @@ struct Ctrl {
 }
 
 /// A mapped segment, unmapped on drop.
-struct Segment {
+pub(crate) struct Segment {
     ptr: NonNull<u8>,
     len: usize,
 }
 
 impl Segment {
+    /// The first byte of the mapping.
+    pub(crate) fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// Bytes mapped.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Private anonymous memory of `len` bytes (zeroed), for a window nobody shares.
+    pub(crate) fn anonymous(len: usize) -> io::Result<Self> {
+        let nz = NonZeroUsize::new(len).ok_or_else(|| io::Error::other("empty segment"))?;
+        // SAFETY: a fresh private anonymous mapping; nothing else aliases it.
+        #[allow(unsafe_code)]
+        let p = unsafe {
+            nix::sys::mman::mmap_anonymous(
+                None,
+                nz,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_PRIVATE,
+            )
+        }?;
+        Ok(Self { ptr: p.cast(), len })
+    }
+
     fn map(file: &File, len: usize) -> io::Result<Self> {
         let nz = NonZeroUsize::new(len).ok_or_else(|| io::Error::other("empty segment"))?;
         // SAFETY: a fresh shared mapping of a file we hold open, `len` bytes long (the
@@ -525,6 +551,15 @@ struct Offered {
 }
 
 fn create(dir: &Path, cap: usize) -> io::Result<Offered> {
+    let (len, _, _) = layout(cap);
+    let (path, seg, nonce) = create_sized(dir, len)?;
+    Ok(Offered { path, seg, nonce })
+}
+
+/// Creates a file of `len` bytes in `dir` under a random name (mode 0600), maps it shared
+/// and writes a random nonce into its first 16 bytes (the rest of that page is the
+/// caller's header space). The caller offers the path and nonce, then unlinks the file.
+pub(crate) fn create_sized(dir: &Path, len: usize) -> io::Result<(PathBuf, Segment, [u8; 16])> {
     let mut nonce = [0u8; 16];
     getrandom::getrandom(&mut nonce).map_err(|e| io::Error::other(e.to_string()))?;
     let name: String = nonce[..8].iter().map(|b| format!("{b:02x}")).collect();
@@ -535,7 +570,6 @@ fn create(dir: &Path, cap: usize) -> io::Result<Offered> {
         .create_new(true)
         .mode(0o600)
         .open(&path)?;
-    let (len, _, _) = layout(cap);
     let made = (|| {
         // Reserve the pages now: a full /dev/shm is an error here, not a SIGBUS later.
         nix::fcntl::posix_fallocate(&file, 0, len as i64)?;
@@ -548,7 +582,7 @@ fn create(dir: &Path, cap: usize) -> io::Result<Offered> {
         Ok::<_, io::Error>(seg)
     })();
     match made {
-        Ok(seg) => Ok(Offered { path, seg, nonce }),
+        Ok(seg) => Ok((path, seg, nonce)),
         Err(e) => {
             let _ = std::fs::remove_file(&path);
             Err(e)
@@ -558,12 +592,17 @@ fn create(dir: &Path, cap: usize) -> io::Result<Offered> {
 
 /// Maps the segment a peer offered and checks its nonce.
 fn open(path: &Path, cap: usize, nonce: &[u8]) -> Result<Segment, String> {
+    open_sized(path, layout(cap).0, nonce)
+}
+
+/// Maps a file another rank made with [`create_sized`], if it is `len` bytes long and
+/// holds `nonce` (proof that both ranks see the same memory).
+pub(crate) fn open_sized(path: &Path, len: usize, nonce: &[u8]) -> Result<Segment, String> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
         .open(path)
         .map_err(|e| format!("cannot open the peer's segment ({e}): another host?"))?;
-    let (len, _, _) = layout(cap);
     let size = file.metadata().map_err(|e| e.to_string())?.len();
     if size != len as u64 {
         return Err(format!("segment is {size} bytes, expected {len}"));

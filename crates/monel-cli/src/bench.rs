@@ -47,6 +47,11 @@ pub(crate) struct BenchArgs {
     /// comes from the warm-up calls, the same on every rank).
     #[arg(short = 'T', long = "target_ms")]
     target_ms: Option<f64>,
+    /// Buffer registration, as nccl-tests' -R: 0 ordinary memory; 1 (or 2) symmetric
+    /// windows (`Communicator::alloc_window`, made once at the largest size), so
+    /// collectives on one host run directly between the ranks' buffers.
+    #[arg(short = 'R', long = "local_register", default_value_t = 0)]
+    register: u8,
 }
 
 fn bytes(s: &str) -> anyhow::Result<usize> {
@@ -229,6 +234,32 @@ pub(crate) fn run(a: &BenchArgs) -> anyhow::Result<()> {
             ""
         );
     }
+    // Registered buffers, made once for the largest size (as nccl-tests allocates).
+    let mut windows = if a.register != 0 {
+        let count = if per_rank { max / (n * es) } else { max / es };
+        let (ins, outs) = coll.sizes(n, r, count);
+        let inplace = coll.in_place_layout(n, r, count).map_or(0, |l| l.0);
+        let w_in = comm
+            .alloc_window(ins * es)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let w_out = comm
+            .alloc_window(outs.max(inplace) * es)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        if r == 0 && a.format == "table" {
+            println!(
+                "# buffers: symmetric windows ({})",
+                if w_in.is_shared() {
+                    "shared by every rank: collectives run directly"
+                } else {
+                    "not shared: ranks on several hosts, ordinary path"
+                }
+            );
+        }
+        Some((w_in, w_out))
+    } else {
+        None
+    };
+    let mut plain_out: Vec<u8> = Vec::new();
     while size <= max {
         let count = if per_rank { size / (n * es) } else { size / es };
         let (ins, outs) = coll.sizes(n, r, count);
@@ -247,43 +278,49 @@ pub(crate) fn run(a: &BenchArgs) -> anyhow::Result<()> {
                 row.wrong[k] = -1;
                 continue;
             }
-            let mut out = vec![
-                0u8;
-                if in_place {
-                    layout.map_or(0, |l| l.0) * es
-                } else {
-                    outs * es
+            let out_len = if in_place {
+                layout.map_or(0, |l| l.0) * es
+            } else {
+                outs * es
+            };
+            let (send, out): (&[u8], &mut [u8]) = match &mut windows {
+                Some((w_in, w_out)) => {
+                    w_in[..input.len()].copy_from_slice(&input);
+                    w_out[..out_len].fill(0);
+                    (&w_in[..input.len()], &mut w_out[..out_len])
                 }
-            ];
+                None => {
+                    plain_out.clear();
+                    plain_out.resize(out_len, 0);
+                    (&input, &mut plain_out[..])
+                }
+            };
             // In place, the input is (re)placed before the first call and before the checked
             // one, not inside the timed loop (as nccl-tests does).
-            let reset = |out: &mut Vec<u8>| {
+            let reset = |out: &mut [u8]| {
                 if let Some((_, io_off, _)) = layout.filter(|_| in_place) {
                     out[io_off * es..io_off * es + input.len()].copy_from_slice(&input);
                 }
             };
-            reset(&mut out);
-            let call = |comm: &mut Communicator, out: &mut Vec<u8>| -> anyhow::Result<()> {
+            reset(out);
+            let call = |comm: &mut Communicator, out: &mut [u8]| -> anyhow::Result<()> {
                 let io = if in_place {
                     Io::InPlace(out)
                 } else {
-                    Io::Separate {
-                        send: &input,
-                        recv: out,
-                    }
+                    Io::Separate { send, recv: out }
                 };
                 comm.collective(coll, t, count, io)
                     .map_err(|e| anyhow::anyhow!("{e}"))
             };
             let us = time_calls(&mut comm, a.warmup, a.iters, a.target_ms, &mut |c| {
-                call(c, &mut out)
+                call(c, out)
             })?;
             row.time_us[k] = us;
             row.algbw[k] = row.size as f64 / us / 1e3;
             row.busbw[k] = row.algbw[k] * factor;
             if a.check != 0 {
-                reset(&mut out);
-                call(&mut comm, &mut out)?;
+                reset(out);
+                call(&mut comm, out)?;
                 let off = if in_place {
                     layout.map_or(0, |l| l.2) * es
                 } else {

@@ -1,0 +1,301 @@
+//! Symmetric memory windows: collectives on window buffers run directly between the ranks'
+//! memory (`last_path() == "window"`) and give bitwise the results of the ordinary path
+//! (the deterministic algorithm for AllReduce) for every collective, type, reduction, rank
+//! count, odd count, offset and in-place form; a rank outside the window, a mismatched call
+//! and ranks on different hosts end in a clear error or the ordinary path, never a hang.
+
+use std::time::{Duration, Instant};
+
+use monel_ccl::fp8::Fp8;
+use monel_ccl::{
+    Algorithm, Collective, CommConfig, Communicator, DataType, ErrorKind, Io, RedOp, UniqueId,
+};
+
+/// Runs `f(comm)` on `n` ranks (threads) of one communicator; `host(r)` is rank r's
+/// `MONEL_HOST` (`None`: this machine).
+fn ranks<T: Send + 'static>(
+    n: usize,
+    timeout: Duration,
+    host: fn(usize) -> Option<String>,
+    f: impl Fn(&mut Communicator) -> T + Send + Sync + Clone + 'static,
+) -> Vec<T> {
+    let id = UniqueId::create("127.0.0.1:0".parse().unwrap()).unwrap();
+    let hs: Vec<_> = (0..n)
+        .map(|r| {
+            let (id, f) = (id.clone(), f.clone());
+            std::thread::spawn(move || {
+                let mut cfg = CommConfig {
+                    timeout,
+                    ..CommConfig::default()
+                };
+                cfg.shm.ring = 64 << 10;
+                cfg.shm.host = host(r);
+                let mut c = Communicator::init_rank(n, r, &id, cfg).unwrap();
+                f(&mut c)
+            })
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn one_host(_: usize) -> Option<String> {
+    None
+}
+
+/// Element `i` of rank `r` in `t`: 0, 1 or 2, exact in every type, order and reduction.
+fn input(t: DataType, r: usize, count: usize, salt: usize) -> Vec<u8> {
+    (0..count)
+        .flat_map(|i| {
+            let k = (r * 7 + i * 3 + salt) % 3;
+            let x = k as f32;
+            match t {
+                DataType::I8 | DataType::U8 => vec![k as u8],
+                DataType::I32 | DataType::U32 => (k as u32).to_le_bytes().to_vec(),
+                DataType::I64 | DataType::U64 => (k as u64).to_le_bytes().to_vec(),
+                DataType::F16 => half::f16::from_f32(x).to_le_bytes().to_vec(),
+                DataType::Bf16 => half::bf16::from_f32(x).to_le_bytes().to_vec(),
+                DataType::F32 => x.to_le_bytes().to_vec(),
+                DataType::F64 => f64::from(x).to_le_bytes().to_vec(),
+                DataType::F8E4M3 => vec![Fp8::E4M3.from_f32(x)],
+                DataType::F8E5M2 => vec![Fp8::E5M2.from_f32(x)],
+                other => panic!("no test values for {other}"),
+            }
+        })
+        .collect()
+}
+
+/// The collectives under test, with the root (if any) at the last rank.
+fn collectives(n: usize, op: RedOp) -> Vec<Collective> {
+    vec![
+        Collective::AllReduce(op),
+        Collective::ReduceScatter(op),
+        Collective::Reduce(op, n - 1),
+        Collective::AllGather,
+        Collective::Broadcast(n - 1),
+        Collective::AllToAll,
+        Collective::Gather(n - 1),
+        Collective::Scatter(n - 1),
+    ]
+}
+
+/// Runs `coll` once on plain vectors (`window == None`) or on the given windows (send,
+/// recv), at byte offsets `off`; returns the receive bytes and the path taken.
+#[allow(clippy::too_many_arguments)]
+fn call(
+    c: &mut Communicator,
+    coll: Collective,
+    t: DataType,
+    count: usize,
+    in_place: bool,
+    salt: usize,
+    window: Option<(&mut [u8], &mut [u8])>,
+    off: usize,
+) -> (Vec<u8>, &'static str) {
+    let (n, r, es) = (c.size(), c.rank(), t.size());
+    let (ins, outs) = coll.sizes(n, r, count);
+    let data = input(t, r, ins, salt);
+    let (mut vs, mut vr) = (
+        vec![0u8; off + ins * es],
+        vec![0u8; off + outs.max(n * count) * es],
+    );
+    let (send, recv): (&mut [u8], &mut [u8]) = match window {
+        Some((s, r)) => (s, r),
+        None => (&mut vs, &mut vr),
+    };
+    let send = &mut send[off..off + ins * es];
+    send.copy_from_slice(&data);
+    if in_place {
+        let (len, io_off, oo) = coll.in_place_layout(n, r, count).unwrap();
+        let buf = &mut recv[off..off + len * es];
+        buf.fill(0);
+        buf[io_off * es..io_off * es + data.len()].copy_from_slice(&data);
+        c.collective(coll, t, count, Io::InPlace(buf)).unwrap();
+        (buf[oo * es..oo * es + outs * es].to_vec(), c.last_path())
+    } else {
+        let recv = &mut recv[off..off + outs * es];
+        recv.fill(0);
+        c.collective(coll, t, count, Io::Separate { send, recv })
+            .unwrap();
+        (recv.to_vec(), c.last_path())
+    }
+}
+
+#[test]
+fn every_collective_type_and_reduction_on_windows_runs_directly_with_the_same_bits() {
+    for n in 1..=5 {
+        let checked = ranks(n, Duration::from_secs(30), one_host, move |c| {
+            let n = c.size();
+            let max = 1003 * n * 8;
+            let mut ws = c.alloc_window(max + 64).unwrap();
+            let mut wr = c.alloc_window(max + 64).unwrap();
+            assert!(
+                ws.is_shared() && wr.is_shared(),
+                "one host: windows are shared"
+            );
+            assert_ne!(ws.id(), wr.id());
+            let mut checked = 0;
+            for (k, t) in DataType::ALL.into_iter().enumerate() {
+                for (m, op) in RedOp::ALL.into_iter().enumerate() {
+                    for coll in collectives(n, op) {
+                        // Reductions in every op; the rest once per type.
+                        if coll.op().is_none() && m > 0 {
+                            continue;
+                        }
+                        for (count, in_place) in
+                            [(1003, false), (1003, true), (1, true), (0, false)]
+                        {
+                            if in_place && coll.in_place_layout(n, 0, count).is_none() {
+                                continue;
+                            }
+                            let salt = k + m;
+                            let off = 8 * ((k + c.rank()) % 3);
+                            let ctx = format!(
+                                "{coll} {t} count {count} in place {in_place} rank {} of {n}",
+                                c.rank()
+                            );
+                            c.set_algorithm(
+                                matches!(coll, Collective::AllReduce(_))
+                                    .then_some(Algorithm::Deterministic),
+                            );
+                            let (want, p0) = call(c, coll, t, count, in_place, salt, None, 0);
+                            c.set_algorithm(None);
+                            let (got, p1) = call(
+                                c,
+                                coll,
+                                t,
+                                count,
+                                in_place,
+                                salt,
+                                Some((&mut ws, &mut wr)),
+                                off,
+                            );
+                            assert_ne!(p0, "window", "{ctx}");
+                            // Count 0 puts no byte in a window: the ordinary path.
+                            assert_eq!(p1 == "window", count > 0, "{ctx}: {p1}");
+                            assert_eq!(got, want, "{ctx}");
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+            // One independent reference: the f32 sum of the inputs, exactly.
+            let count = 1003;
+            let (got, _) = call(
+                c,
+                Collective::AllReduce(RedOp::Sum),
+                DataType::F32,
+                count,
+                false,
+                5,
+                Some((&mut ws, &mut wr)),
+                0,
+            );
+            let want: Vec<u8> = (0..count)
+                .flat_map(|i| {
+                    let s: f32 = (0..n).map(|r| ((r * 7 + i * 3 + 5) % 3) as f32).sum();
+                    s.to_le_bytes()
+                })
+                .collect();
+            assert_eq!(got, want);
+            // A forced algorithm takes the ordinary path, even on windows.
+            c.set_algorithm(Some(Algorithm::Ring));
+            let (got2, p) = call(
+                c,
+                Collective::AllReduce(RedOp::Sum),
+                DataType::F32,
+                count,
+                false,
+                5,
+                Some((&mut ws, &mut wr)),
+                0,
+            );
+            assert_eq!(p, "ring");
+            assert_eq!(got2, want);
+            checked
+        });
+        // 12 types: 3 reductions x 5 ops and 5 other collectives, 3-4 forms each.
+        assert!(
+            checked.iter().all(|&k| k >= 720),
+            "{n} ranks checked {checked:?}"
+        );
+    }
+}
+
+#[test]
+fn a_rank_outside_the_window_is_named_within_the_timeout() {
+    let timeout = Duration::from_secs(2);
+    let t0 = Instant::now();
+    let out = ranks(3, timeout, one_host, |c| {
+        let r = c.rank();
+        let mut w = c.alloc_window(4096).unwrap();
+        let mut plain = vec![0u8; 4096];
+        let buf: &mut [u8] = if r == 2 { &mut plain } else { &mut w };
+        c.all_reduce_in_place(&mut buf[..400], 100, DataType::F32, RedOp::Sum)
+    });
+    let took = t0.elapsed();
+    for (r, res) in out.iter().enumerate() {
+        let e = res.as_ref().expect_err("no rank may succeed");
+        if r < 2 {
+            assert_eq!(e.kind, ErrorKind::Timeout, "rank {r}: {e}");
+            assert!(e.ranks.contains(&2), "rank {r} names rank 2: {e}");
+            assert!(e.message.contains("window"), "rank {r}: {e}");
+        }
+    }
+    assert!(took < timeout * 4, "every rank returned in {took:?}");
+}
+
+#[test]
+fn a_mismatched_call_on_windows_fails_on_every_rank_and_moves_no_byte() {
+    let out = ranks(3, Duration::from_secs(10), one_host, |c| {
+        let r = c.rank();
+        let mut ws = c.alloc_window(4096).unwrap();
+        let mut wr = c.alloc_window(4096).unwrap();
+        ws[..400].fill(1);
+        wr[..400].fill(7);
+        let count = if r == 1 { 99 } else { 100 };
+        let e = c
+            .all_reduce(&ws[..400], &mut wr[..400], count, DataType::F32, RedOp::Sum)
+            .expect_err("mismatch");
+        assert!(
+            wr[..400].iter().all(|&b| b == 7),
+            "rank {r}: receive buffer untouched"
+        );
+        e
+    });
+    for (r, e) in out.iter().enumerate() {
+        assert_eq!(e.kind, ErrorKind::Mismatch, "rank {r}: {e}");
+        assert_eq!(e.ranks, vec![1], "rank {r}: {e}");
+    }
+}
+
+#[test]
+fn windows_of_ranks_on_different_hosts_stay_private_and_collectives_still_work() {
+    let out = ranks(
+        4,
+        Duration::from_secs(20),
+        |r| Some(format!("host{}", r / 2)),
+        |c| {
+            let mut w = c.alloc_window(4 * 1000).unwrap();
+            let shared = w.is_shared();
+            let r = c.rank() as f32;
+            for (i, v) in w.chunks_exact_mut(4).enumerate() {
+                v.copy_from_slice(&(i as f32 + r).to_le_bytes());
+            }
+            c.all_reduce_in_place(&mut w, 1000, DataType::F32, RedOp::Sum)
+                .unwrap();
+            let ok = w
+                .chunks_exact(4)
+                .enumerate()
+                .all(|(i, v)| f32::from_le_bytes(v.try_into().unwrap()) == 4.0 * i as f32 + 6.0);
+            (shared, ok, c.last_path())
+        },
+    );
+    for (r, (shared, ok, path)) in out.into_iter().enumerate() {
+        assert!(
+            !shared,
+            "rank {r}: ranks on two hosts cannot share a window"
+        );
+        assert!(ok, "rank {r}: sum");
+        assert_ne!(path, "window", "rank {r}");
+    }
+}
