@@ -18,6 +18,10 @@
 # Open MPI with the tcp BTL only (it cannot tell the namespaces apart, so its shared-memory
 # BTL would carry the pairs across them too); Gloo over TCP, as it always is.
 #
+# On one host Monel runs a second time with its buffers in symmetric windows (`monel bench
+# -R 1`, as nccl-tests' -R registers buffers): collectives then run directly between the
+# ranks' memory. Those columns are labelled "Monel -R"; the plain columns are ordinary buffers.
+#
 # Installs what it needs: Open MPI from apt, and torch in a venv ($MONEL_RACE_VENV, default
 # /tmp/monel-race-venv; the PyPI wheel pulls about 5 GB of CUDA libraries even for CPU use).
 set -euo pipefail
@@ -86,8 +90,8 @@ ranks() { # np cmd...
   return $rc
 }
 
-run_monel() { # np [transport label]
-  race_transport=${2:-} ranks "$1" "$M" bench all_reduce -b "$min" -e "$max" -f "$factor" -T "$target" -w 3 -c 1 \
+run_monel() { # np [transport label [bench args]]
+  race_transport=${2:-} ranks "$1" "$M" bench all_reduce -b "$min" -e "$max" -f "$factor" -T "$target" -w 3 -c 1 ${4:-} \
     --format csv | grep -E '^[0-9]' | awk -F, -v np="$1" -v t="${3:-monel}" '{print t "_oop", np, $1, $6; print t "_ip", np, $1, $10}'
 }
 run_mpi() {
@@ -116,6 +120,7 @@ for np in $nps; do
       run_monel "$np" tcp monel_tcp >> "$work/all"
     else
       run_monel "$np" >> "$work/all"
+      run_monel "$np" "" monel_reg "-R 1" >> "$work/all"
     fi
     run_mpi "$np" >> "$work/all"
     run_gloo "$np" >> "$work/all"
@@ -134,10 +139,10 @@ def busbw(np, size, us):
 where = "two network namespaces (veth)" if sys.argv[2] == "1" else "one host (loopback, shared memory)"
 print(f"# float32 AllReduce, {where}; medians of {len(next(iter(t.values())))} interleaved rounds")
 tcp = sys.argv[2] == "1"
-extra = " Monel TCP oop us | Monel TCP / MPI | Monel TCP / Gloo |" if tcp else ""
+extra = " Monel TCP oop us | Monel TCP / MPI | Monel TCP / Gloo |" if tcp else " Monel -R oop us | Monel -R in-place us | Monel -R / MPI | Monel -R / Gloo |"
 label = "Monel RoCE" if tcp else "Monel"
 print(f"| ranks | size | {label} oop us | {label} in-place us | Open MPI us | Gloo us | {label} busbw GB/s | Open MPI busbw | Gloo busbw | {label} / MPI | {label} / Gloo |{extra}")
-print("|---:" * (11 + (3 if tcp else 0)) + "|")
+print("|---:" * (11 + (3 if tcp else 4)) + "|")
 for (np, size) in sorted({(k[1], k[2]) for k in med}):
     g = lambda tool: med.get((tool, np, size))
     mo, mi, mp, gl = g("monel_oop"), g("monel_ip"), g("mpi"), g("gloo")
@@ -149,5 +154,8 @@ for (np, size) in sorted({(k[1], k[2]) for k in med}):
     if tcp:
         to, ti = g("monel_tcp_oop"), g("monel_tcp_ip")
         row += f" {f(to)} | {r(to, mp)} | {r(ti, gl)} |"
+    else:
+        ro, ri = g("monel_reg_oop"), g("monel_reg_ip")
+        row += f" {f(ro)} | {f(ri)} | {r(ro, mp)} | {r(ri, gl)} |"
     print(row)
 EOF

@@ -700,7 +700,9 @@ impl Communicator {
                     )));
                 }
                 let (sp, rp) = (send.as_ptr(), recv.as_mut_ptr());
-                if let Some((sl, rl)) = self.window_locs(sp, need_in * es, rp, need_out * es) {
+                if let Some((sl, rl)) =
+                    self.window_locs(count * es, sp, need_in * es, rp, need_out * es)
+                {
                     return self.run_direct(
                         coll,
                         dtype,
@@ -734,7 +736,9 @@ impl Communicator {
                 // elements, which the buffer holds (checked above).
                 #[allow(unsafe_code)]
                 let (sp, rp) = unsafe { (base.add(io_ * es).cast_const(), base.add(oo * es)) };
-                if let Some((sl, rl)) = self.window_locs(sp, need_in * es, rp, need_out * es) {
+                if let Some((sl, rl)) =
+                    self.window_locs(count * es, sp, need_in * es, rp, need_out * es)
+                {
                     return self.run_direct(
                         coll,
                         dtype,
@@ -814,15 +818,18 @@ impl Communicator {
     }
 
     /// Where a call's send and receive bytes lie in this rank's shared windows, when both
-    /// do and the direct path may run (no algorithm forced).
+    /// do and the direct path may run: no algorithm forced, and at least
+    /// [`window::MIN_BYTES`] per rank (`count` elements: the same on every rank, so all
+    /// ranks choose alike; below it two meetings cost more than the ordinary path).
     fn window_locs(
         &self,
+        count_bytes: usize,
         send: *const u8,
         send_len: usize,
         recv: *mut u8,
         recv_len: usize,
     ) -> Option<(Loc, Loc)> {
-        if !self.windows.ready() || self.cfg.algo.is_some() {
+        if !self.windows.ready() || self.cfg.algo.is_some() || count_bytes < window::MIN_BYTES {
             return None;
         }
         let s = self.windows.locate(send, send_len)?;

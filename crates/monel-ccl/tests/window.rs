@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use monel_ccl::fp8::Fp8;
+use monel_ccl::window::MIN_BYTES;
 use monel_ccl::{
     Algorithm, Collective, CommConfig, Communicator, DataType, ErrorKind, Io, RedOp, UniqueId,
 };
@@ -125,7 +126,7 @@ fn every_collective_type_and_reduction_on_windows_runs_directly_with_the_same_bi
     for n in 1..=5 {
         let checked = ranks(n, Duration::from_secs(30), one_host, move |c| {
             let n = c.size();
-            let max = 1003 * n * 8;
+            let max = 4099 * n * 8;
             let mut ws = c.alloc_window(max + 64).unwrap();
             let mut wr = c.alloc_window(max + 64).unwrap();
             assert!(
@@ -170,8 +171,12 @@ fn every_collective_type_and_reduction_on_windows_runs_directly_with_the_same_bi
                                 off,
                             );
                             assert_ne!(p0, "window", "{ctx}");
-                            // Count 0 puts no byte in a window: the ordinary path.
-                            assert_eq!(p1 == "window", count > 0, "{ctx}: {p1}");
+                            // Small calls take the ordinary path.
+                            assert_eq!(
+                                p1 == "window",
+                                count * t.size() >= MIN_BYTES,
+                                "{ctx}: {p1}"
+                            );
                             assert_eq!(got, want, "{ctx}");
                             checked += 1;
                         }
@@ -179,7 +184,7 @@ fn every_collective_type_and_reduction_on_windows_runs_directly_with_the_same_bi
                 }
             }
             // One independent reference: the f32 sum of the inputs, exactly.
-            let count = 1003;
+            let count = 4099;
             let (got, _) = call(
                 c,
                 Collective::AllReduce(RedOp::Sum),
@@ -227,10 +232,10 @@ fn a_rank_outside_the_window_is_named_within_the_timeout() {
     let t0 = Instant::now();
     let out = ranks(3, timeout, one_host, |c| {
         let r = c.rank();
-        let mut w = c.alloc_window(4096).unwrap();
-        let mut plain = vec![0u8; 4096];
+        let mut w = c.alloc_window(8192).unwrap();
+        let mut plain = vec![0u8; 8192];
         let buf: &mut [u8] = if r == 2 { &mut plain } else { &mut w };
-        c.all_reduce_in_place(&mut buf[..400], 100, DataType::F32, RedOp::Sum)
+        c.all_reduce_in_place(&mut buf[..4096], 1024, DataType::F32, RedOp::Sum)
     });
     let took = t0.elapsed();
     for (r, res) in out.iter().enumerate() {
@@ -248,18 +253,20 @@ fn a_rank_outside_the_window_is_named_within_the_timeout() {
 fn a_mismatched_call_on_windows_fails_on_every_rank_and_moves_no_byte() {
     let out = ranks(3, Duration::from_secs(10), one_host, |c| {
         let r = c.rank();
-        let mut ws = c.alloc_window(4096).unwrap();
-        let mut wr = c.alloc_window(4096).unwrap();
-        ws[..400].fill(1);
-        wr[..400].fill(7);
-        let count = if r == 1 { 99 } else { 100 };
+        let mut ws = c.alloc_window(8192).unwrap();
+        let mut wr = c.alloc_window(8192).unwrap();
+        ws.fill(1);
+        wr.fill(7);
+        // Both counts are large enough for the window path.
+        let count = if r == 1 { 2000 } else { 1024 };
         let e = c
-            .all_reduce(&ws[..400], &mut wr[..400], count, DataType::F32, RedOp::Sum)
+            .all_reduce(&ws, &mut wr, count, DataType::F32, RedOp::Sum)
             .expect_err("mismatch");
         assert!(
-            wr[..400].iter().all(|&b| b == 7),
+            wr.iter().all(|&b| b == 7),
             "rank {r}: receive buffer untouched"
         );
+        assert_eq!(c.last_path(), "window");
         e
     });
     for (r, e) in out.iter().enumerate() {
@@ -275,13 +282,13 @@ fn windows_of_ranks_on_different_hosts_stay_private_and_collectives_still_work()
         Duration::from_secs(20),
         |r| Some(format!("host{}", r / 2)),
         |c| {
-            let mut w = c.alloc_window(4 * 1000).unwrap();
+            let mut w = c.alloc_window(4 * 2000).unwrap();
             let shared = w.is_shared();
             let r = c.rank() as f32;
             for (i, v) in w.chunks_exact_mut(4).enumerate() {
                 v.copy_from_slice(&(i as f32 + r).to_le_bytes());
             }
-            c.all_reduce_in_place(&mut w, 1000, DataType::F32, RedOp::Sum)
+            c.all_reduce_in_place(&mut w, 2000, DataType::F32, RedOp::Sum)
                 .unwrap();
             let ok = w
                 .chunks_exact(4)
