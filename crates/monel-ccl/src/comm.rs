@@ -782,21 +782,7 @@ impl Communicator {
             }
         };
         let mut bufs = bufs.with_scratch(std::mem::take(&mut self.scratch));
-        self.seq += 1;
-        let sig = Signature {
-            seq: self.seq,
-            coll: coll_code(coll),
-            dtype: dtype.code(),
-            op: op.code(),
-            root: coll.root().unwrap_or(0) as u32,
-            count: count as u64,
-        };
-        {
-            let mut st = self.status.lock().unwrap_or_else(PoisonError::into_inner);
-            st.seq = self.seq;
-            st.sig = Some(sig);
-            st.state = "running";
-        }
+        let sig = self.begin(coll, dtype, count);
         if self.cfg.debug {
             eprintln!(
                 "monel INFO rank {r}: {} via {} ({} steps)",
@@ -815,6 +801,24 @@ impl Communicator {
             r => r,
         };
         self.conclude(sig, res)
+    }
+
+    /// Starts a collective: the next sequence number, its signature, the status "running".
+    fn begin(&mut self, coll: Collective, dtype: DataType, count: usize) -> Signature {
+        self.seq += 1;
+        let sig = Signature {
+            seq: self.seq,
+            coll: coll_code(coll),
+            dtype: dtype.code(),
+            op: coll.op().unwrap_or(RedOp::Sum).code(),
+            root: coll.root().unwrap_or(0) as u32,
+            count: count as u64,
+        };
+        let mut st = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+        st.seq = self.seq;
+        st.sig = Some(sig);
+        st.state = "running";
+        sig
     }
 
     /// Where a call's send and receive bytes lie in this rank's shared windows, when both
@@ -848,22 +852,7 @@ impl Communicator {
         send: (*const u8, Loc, usize),
         recv: (*mut u8, Loc, usize),
     ) -> Result<()> {
-        self.seq += 1;
-        let op = coll.op().unwrap_or(RedOp::Sum);
-        let sig = Signature {
-            seq: self.seq,
-            coll: coll_code(coll),
-            dtype: dtype.code(),
-            op: op.code(),
-            root: coll.root().unwrap_or(0) as u32,
-            count: count as u64,
-        };
-        {
-            let mut st = self.status.lock().unwrap_or_else(PoisonError::into_inner);
-            st.seq = self.seq;
-            st.sig = Some(sig);
-            st.state = "running";
-        }
+        let sig = self.begin(coll, dtype, count);
         if self.cfg.debug {
             eprintln!(
                 "monel INFO rank {}: {} via window (loads and stores between the ranks' \
