@@ -700,16 +700,8 @@ impl Communicator {
                     )));
                 }
                 let (sp, rp) = (send.as_ptr(), recv.as_mut_ptr());
-                if let Some((sl, rl)) =
-                    self.window_locs(count * es, sp, need_in * es, rp, need_out * es)
-                {
-                    return self.run_direct(
-                        coll,
-                        dtype,
-                        count,
-                        (sp, sl, need_in * es),
-                        (rp, rl, need_out * es),
-                    );
+                if let Some(res) = self.try_window(coll, dtype, count, sp, rp) {
+                    return res;
                 }
                 Buffers::separate(
                     &send[..need_in * es],
@@ -736,16 +728,8 @@ impl Communicator {
                 // elements, which the buffer holds (checked above).
                 #[allow(unsafe_code)]
                 let (sp, rp) = unsafe { (base.add(io_ * es).cast_const(), base.add(oo * es)) };
-                if let Some((sl, rl)) =
-                    self.window_locs(count * es, sp, need_in * es, rp, need_out * es)
-                {
-                    return self.run_direct(
-                        coll,
-                        dtype,
-                        count,
-                        (sp, sl, need_in * es),
-                        (rp, rl, need_out * es),
-                    );
+                if let Some(res) = self.try_window(coll, dtype, count, sp, rp) {
+                    return res;
                 }
                 Buffers::in_place(&mut buf[..len * es], io_, oo, dtype, op, n)
             }
@@ -821,26 +805,34 @@ impl Communicator {
         sig
     }
 
-    /// Where a call's send and receive bytes lie in this rank's shared windows, when both
-    /// do and the direct path may run: no algorithm forced, and at least
-    /// [`window::MIN_BYTES`] per rank (`count` elements: the same on every rank, so all
-    /// ranks choose alike; below it two meetings cost more than the ordinary path).
-    fn window_locs(
-        &self,
-        count_bytes: usize,
+    /// Runs the call directly ([`Self::run_direct`]) when its send and receive bytes (as
+    /// many as the collective needs from `send` and `recv`, lengths checked by the caller)
+    /// lie in this rank's shared windows and the direct path may run: no algorithm forced,
+    /// and at least [`window::MIN_BYTES`] per rank (`count` elements: the same on every
+    /// rank, so all ranks choose alike; below it two meetings cost more than the ordinary
+    /// path). `None`: take the ordinary path.
+    fn try_window(
+        &mut self,
+        coll: Collective,
+        dtype: DataType,
+        count: usize,
         send: *const u8,
-        send_len: usize,
         recv: *mut u8,
-        recv_len: usize,
-    ) -> Option<(Loc, Loc)> {
-        if !self.windows.ready() || self.cfg.algo.is_some() || count_bytes < window::MIN_BYTES {
+    ) -> Option<Result<()>> {
+        let es = dtype.size();
+        if !self.windows.ready() || self.cfg.algo.is_some() || count * es < window::MIN_BYTES {
             return None;
         }
+        let (need_in, need_out) = coll.sizes(self.nranks, self.rank, count);
+        let (send_len, recv_len) = (need_in * es, need_out * es);
         let s = self.windows.locate(send, send_len)?;
         let r = self.windows.locate(recv.cast_const(), recv_len)?;
-        // Empty buffers lie nowhere: a call with no bytes in a window (count 0) stays
-        // on the ordinary path.
-        (s.is_some() || r.is_some()).then_some((s, r))
+        // Empty buffers lie nowhere: a call with no bytes in a window stays on the ordinary
+        // path.
+        if s.is_none() && r.is_none() {
+            return None;
+        }
+        Some(self.run_direct(coll, dtype, count, (send, s, send_len), (recv, r, recv_len)))
     }
 
     /// Runs a collective directly on window buffers ([`window::run`]).
