@@ -139,7 +139,7 @@ impl CommConfig {
         if let Some(v) = env("MONEL_ALGO") {
             c.algo = Some(Algorithm::parse(&v).ok_or_else(|| {
                 CclError::invalid(format!(
-                    "MONEL_ALGO={v:?}: want ring, direct, doubling, halving, tree or deterministic"
+                    "MONEL_ALGO={v:?}: want ring, direct, doubling, halving, tree, hier or deterministic"
                 ))
             })?);
         }
@@ -257,6 +257,11 @@ pub struct Communicator {
     costs: tune::Costs,
     /// The ranks' places in rings and trees ([`host_order`]).
     order: Vec<usize>,
+    /// Ranks on each host when every host has as many, else 0 ([`per_host`]).
+    per_host: usize,
+    /// The hosts' layout and link costs, where the ranks sit on several hosts of several
+    /// ranks each (the hierarchical AllReduce's cost model).
+    hosts: Option<tune::Hosts>,
     /// Symmetric memory windows and their meeting point.
     windows: Windows,
     /// How the last collective ran: an algorithm's name, or `window`.
@@ -269,18 +274,10 @@ pub struct Communicator {
 /// agree; ranks placed host by host already (as launchers usually place them) keep their
 /// own numbers.
 pub(crate) fn host_order(table: &[PeerAddrs]) -> Vec<usize> {
-    let key = |p: &PeerAddrs| {
-        let m = if p.machine.is_empty() {
-            p.data.ip().to_string()
-        } else {
-            p.machine.clone()
-        };
-        (m, p.host.clone())
-    };
     let mut hosts: Vec<(String, String)> = Vec::new();
     let mut of = Vec::with_capacity(table.len());
     for p in table {
-        let k = key(p);
+        let k = host_key(p);
         let h = hosts.iter().position(|x| *x == k).unwrap_or_else(|| {
             hosts.push(k);
             hosts.len() - 1
@@ -290,6 +287,34 @@ pub(crate) fn host_order(table: &[PeerAddrs]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..table.len()).collect();
     order.sort_by_key(|&r| (of[r], r));
     order
+}
+
+/// What tells hosts apart: the machine (its address where unknown) and `MONEL_HOST`.
+fn host_key(p: &PeerAddrs) -> (String, String) {
+    let m = if p.machine.is_empty() {
+        p.data.ip().to_string()
+    } else {
+        p.machine.clone()
+    };
+    (m, p.host.clone())
+}
+
+/// How many ranks each host has, when every host has as many (hosts as [`host_order`]
+/// groups them), else 0.
+pub(crate) fn per_host(table: &[PeerAddrs]) -> usize {
+    let order = host_order(table);
+    let mut sizes: Vec<usize> = Vec::new();
+    for (k, &r) in order.iter().enumerate() {
+        if k > 0 && host_key(&table[order[k - 1]]) == host_key(&table[r]) {
+            *sizes.last_mut().expect("a host") += 1;
+        } else {
+            sizes.push(1);
+        }
+    }
+    match sizes.first() {
+        Some(&l) if sizes.iter().all(|&x| x == l) => l,
+        _ => 0,
+    }
 }
 
 /// A call's shape: everything its schedule depends on.
@@ -562,6 +587,28 @@ impl Communicator {
         }
         let costs = tune::Costs::of(kinds(), local as f64 / cores as f64);
         let order = host_order(&table);
+        let per_host = per_host(&table);
+        let hosts = (per_host > 1 && per_host < nranks).then(|| {
+            let same = |j: usize| host_key(&table[j]) == host_key(&table[rank]);
+            let of = |inside: bool| {
+                let k = (0..nranks)
+                    .filter(|&j| j != rank && same(j) == inside)
+                    .filter_map(|j| links[j].as_ref().map(|l| l.kind()));
+                tune::Costs::of(k, local as f64 / cores as f64)
+            };
+            tune::Hosts {
+                per_host,
+                local: of(true),
+                net: of(false),
+            }
+        });
+        if cfg.debug && hosts.is_some() {
+            eprintln!(
+                "monel INFO rank {rank}: {} hosts of {per_host} ranks; large AllReduces may \
+                 go hierarchical (rings inside hosts, a ring between them)",
+                nranks / per_host
+            );
+        }
         if cfg.debug && order.iter().enumerate().any(|(k, &x)| k != x) {
             eprintln!(
                 "monel INFO rank {rank}: rings and trees take the ranks in the order {order:?} \
@@ -592,6 +639,8 @@ impl Communicator {
             yield_every,
             costs,
             order,
+            per_host,
+            hosts,
             windows: Windows::default(),
             last_path: "",
         })
@@ -645,12 +694,13 @@ impl Communicator {
         if let Some(a) = self.cfg.algo.filter(|a| coll.algorithms().contains(a)) {
             return a;
         }
-        tune::choose(
+        tune::choose_on(
             coll,
             self.nranks,
             count * dtype.size(),
             self.cfg.chunk,
             &self.costs,
+            self.hosts.as_ref(),
         )
     }
 
@@ -757,6 +807,7 @@ impl Communicator {
                     slice,
                     in_place,
                     &self.order,
+                    self.per_host,
                 )?);
                 if self.schedules.len() >= SCHEDULE_CACHE {
                     self.schedules.clear();

@@ -99,6 +99,7 @@ impl Collective {
                 Algorithm::Doubling,
                 Algorithm::Halving,
                 Algorithm::Tree,
+                Algorithm::Hier,
                 Algorithm::Deterministic,
             ],
             Self::Broadcast(_) | Self::Reduce(..) => &[Algorithm::Ring, Algorithm::Direct],
@@ -141,16 +142,20 @@ pub enum Algorithm {
     Halving,
     /// AllReduce over a double binary tree, pipelined: log2 n latency, ring-like data.
     Tree,
+    /// AllReduce across hosts, hierarchical: rings inside each host around a ring between
+    /// the hosts (see [`sch::allreduce_hier`]); the ring where all ranks share one host.
+    Hier,
 }
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::Ring,
         Self::Direct,
         Self::Doubling,
         Self::Halving,
         Self::Tree,
+        Self::Hier,
         Self::Deterministic,
     ];
     /// Name as `MONEL_ALGO` takes it.
@@ -162,6 +167,7 @@ impl Algorithm {
             Self::Doubling => "doubling",
             Self::Halving => "halving",
             Self::Tree => "tree",
+            Self::Hier => "hier",
         }
     }
     /// Parses a name.
@@ -186,7 +192,9 @@ pub fn is_order(order: &[usize], n: usize) -> bool {
 /// each other, so a ring crosses between hosts once per host). Only where the result does
 /// not depend on which rank holds which part: AllReduce by every algorithm but the
 /// deterministic one (its reduction order is by rank). Other collectives, and the identity
-/// order, get [`schedule`]'s.
+/// order, get [`schedule`]'s. `per_host` is how many ranks each host has when every host has
+/// as many (the places in `order` then go host by host), 0 when not: the hierarchical
+/// AllReduce ([`Algorithm::Hier`]) needs it, and is the ring without it.
 #[allow(clippy::too_many_arguments)]
 pub fn schedule_ordered(
     coll: Collective,
@@ -197,6 +205,7 @@ pub fn schedule_ordered(
     slice: usize,
     in_place: bool,
     order: &[usize],
+    per_host: usize,
 ) -> Result<Schedule> {
     if !is_order(order, n) {
         return Err(CclError::invalid(format!(
@@ -207,20 +216,21 @@ pub fn schedule_ordered(
         && algo != Algorithm::Deterministic
         && order.iter().enumerate().any(|(k, &x)| k != x);
     if !reorders {
-        return schedule(coll, algo, n, r, count, slice, in_place);
+        return schedule_on(coll, algo, n, r, count, slice, in_place, per_host);
     }
     let place = order
         .iter()
         .position(|&x| x == r)
         .ok_or_else(|| CclError::invalid(format!("rank {r} is not in the rank order {order:?}")))?;
-    let mut s = schedule(coll, algo, n, place, count, slice, in_place)?;
+    let mut s = schedule_on(coll, algo, n, place, count, slice, in_place, per_host)?;
     s.relabel(order);
     Ok(s)
 }
 
 /// Rank `r`'s schedule of `coll` over `n` ranks with `algo`. `slice` is the pipelining unit
 /// (elements) of chains and trees, and of the AllReduce ring, which runs on pieces of `n`
-/// slices in turn; `in_place` selects the in-place form where the schedule differs.
+/// slices in turn; `in_place` selects the in-place form where the schedule differs. The
+/// hosts are unknown here: [`Algorithm::Hier`] is the ring (see [`schedule_ordered`]).
 pub fn schedule(
     coll: Collective,
     algo: Algorithm,
@@ -229,6 +239,21 @@ pub fn schedule(
     count: usize,
     slice: usize,
     in_place: bool,
+) -> Result<Schedule> {
+    schedule_on(coll, algo, n, r, count, slice, in_place, 0)
+}
+
+/// [`schedule`] with `per_host` ranks on each host (0: unknown).
+#[allow(clippy::too_many_arguments)]
+fn schedule_on(
+    coll: Collective,
+    algo: Algorithm,
+    n: usize,
+    r: usize,
+    count: usize,
+    slice: usize,
+    in_place: bool,
+    per_host: usize,
 ) -> Result<Schedule> {
     if !coll.algorithms().contains(&algo) {
         return Err(CclError::invalid(format!(
@@ -253,6 +278,9 @@ pub fn schedule(
         }
         (Collective::AllReduce(o), Algorithm::Tree) => {
             sch::allreduce_tree(n, r, count, slice, avg(o))
+        }
+        (Collective::AllReduce(o), Algorithm::Hier) => {
+            sch::allreduce_hier(n, r, count, slice, avg(o), per_host)
         }
         (Collective::AllReduce(o), _) => sch::allreduce_deterministic(n, r, count, avg(o)),
         (Collective::Broadcast(root), Algorithm::Ring) => {

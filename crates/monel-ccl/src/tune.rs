@@ -133,12 +133,64 @@ fn folding(n: usize) -> (f64, f64) {
     (f64::from(lg), if n.is_power_of_two() { 0.0 } else { 2.0 })
 }
 
-/// The cheapest algorithm `coll` has for this size.
+/// How the ranks sit on hosts, for the hierarchical AllReduce: `per_host` ranks on each
+/// host, links inside a host costing `local` and links between hosts `net`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Hosts {
+    /// Ranks on each host (every host has as many).
+    pub per_host: usize,
+    /// The links inside a host.
+    pub local: Costs,
+    /// The links between hosts.
+    pub net: Costs,
+}
+
+/// Predicted seconds of the hierarchical AllReduce ([`Algorithm::Hier`]): a ring inside each
+/// host on the whole vector around a ring between hosts on a host's share of it, both
+/// pipelined in the pieces of the flat ring. Infinite where the layout has no hierarchy (one
+/// host, or one rank per host).
+pub fn predict_hier(n: usize, bytes: usize, chunk: usize, h: &Hosts) -> f64 {
+    let l = h.per_host;
+    if l < 2 || l >= n || n % l != 0 {
+        return f64::INFINITY;
+    }
+    let pieces = crate::schedule::ring_pieces(n, bytes, chunk) as f64;
+    let ring = |m: usize, s: f64, c: &Costs| {
+        let mf = m as f64;
+        2.0 * (mf - 1.0) * pieces * c.alpha + 2.0 * (mf - 1.0) / mf * s / c.beta
+    };
+    let s = bytes as f64;
+    ring(l, s, &h.local) + ring(n / l, s / l as f64, &h.net)
+}
+
+/// The cheapest algorithm `coll` has for this size on links costing `c`; with `hosts`, the
+/// hierarchical AllReduce too, where it beats the flat choice.
+pub fn choose_on(
+    coll: Collective,
+    n: usize,
+    bytes: usize,
+    chunk: usize,
+    c: &Costs,
+    hosts: Option<&Hosts>,
+) -> Algorithm {
+    let flat = choose(coll, n, bytes, chunk, c);
+    match hosts {
+        Some(h)
+            if matches!(coll, Collective::AllReduce(_))
+                && predict_hier(n, bytes, chunk, h) < predict(coll, flat, n, bytes, chunk, c) =>
+        {
+            Algorithm::Hier
+        }
+        _ => flat,
+    }
+}
+
+/// The cheapest algorithm `coll` has for this size, the hosts unknown.
 pub fn choose(coll: Collective, n: usize, bytes: usize, chunk: usize, c: &Costs) -> Algorithm {
     coll.algorithms()
         .iter()
         .copied()
-        .filter(|&a| a != Algorithm::Deterministic)
+        .filter(|&a| a != Algorithm::Deterministic && a != Algorithm::Hier)
         .min_by(|&a, &b| {
             predict(coll, a, n, bytes, chunk, c).total_cmp(&predict(coll, b, n, bytes, chunk, c))
         })
@@ -172,5 +224,45 @@ mod tests {
         assert_ne!(choose(ar, 4, 8 << 10, 1 << 19, &c), Algorithm::Direct);
         // Three ranks fold onto two: at 8 bytes direct's one step wins.
         assert_eq!(choose(ar, 3, 8, 1 << 19, &c), Algorithm::Direct);
+    }
+
+    #[test]
+    fn hosts_of_several_ranks_take_the_hierarchy_for_large_allreduces() {
+        let ar = Collective::AllReduce(RedOp::Sum);
+        let flat = Costs::of(["SHM", "RoCE"], 2.0);
+        let h = |per_host| Hosts {
+            per_host,
+            local: Costs::of(["SHM"], 2.0),
+            net: Costs::of(["RoCE"], 2.0),
+        };
+        let pick = |n, bytes, per_host| choose_on(ar, n, bytes, 1 << 19, &flat, Some(&h(per_host)));
+        for n in [4, 6, 8] {
+            assert_eq!(pick(n, 16 << 20, 2), Algorithm::Hier, "{n} ranks");
+            assert_eq!(pick(n, 1 << 20, 2), Algorithm::Hier, "{n} ranks");
+            // Tiny calls stay with the fewest steps.
+            assert_ne!(pick(n, 8, 2), Algorithm::Hier, "{n} ranks");
+            // No hierarchy: one rank per host, one host, or hosts unknown.
+            assert_ne!(pick(n, 16 << 20, 1), Algorithm::Hier);
+            assert_ne!(pick(n, 16 << 20, n), Algorithm::Hier);
+            assert_eq!(
+                choose_on(ar, n, 16 << 20, 1 << 19, &flat, None),
+                choose(ar, n, 16 << 20, 1 << 19, &flat)
+            );
+        }
+        // Only AllReduce has it.
+        assert_ne!(
+            choose_on(
+                Collective::AllGather,
+                4,
+                16 << 20,
+                1 << 19,
+                &flat,
+                Some(&h(2))
+            ),
+            Algorithm::Hier
+        );
+        // A host's share crosses: the prediction is below the flat ring's.
+        let ring = predict(ar, Algorithm::Ring, 4, 16 << 20, 1 << 19, &flat);
+        assert!(predict_hier(4, 16 << 20, 1 << 19, &h(2)) < ring);
     }
 }

@@ -501,6 +501,44 @@ fn every_allreduce_algorithm_sums_exactly(c: &mut Communicator, count: usize, wh
     c.set_algorithm(None);
 }
 
+/// Hosts of several ranks each (2 x 2, 3 x 2, and 2 x 2 placed cyclically) run large
+/// AllReduces hierarchically by the cost model's own choice, sum and average exactly, in
+/// place and out; hosts of unequal sizes keep the flat algorithms.
+#[test]
+fn hosts_of_several_ranks_reduce_hierarchically() {
+    for (mode, n, hier) in [
+        (Mode::Mixed, 4, true),
+        (Mode::Mixed, 6, true),
+        (Mode::Cyclic, 4, true),
+        (Mode::Cyclic, 5, false),
+    ] {
+        ranks_over(mode, n, Duration::from_secs(30), move |c| {
+            let (r, n) = (c.rank(), c.size());
+            let count = 300_001; // about 1.2 MB, not a multiple of anything here
+            let ar = Collective::AllReduce(RedOp::Sum);
+            let picked = c.algorithm_for(ar, DataType::F32, count);
+            assert_eq!(picked == Algorithm::Hier, hier, "{mode:?} {n}: {picked:?}");
+            let mine = f32s((0..count).map(|i| (i % 5) as f32 * (r + 1) as f32));
+            let tri = (n * (n + 1) / 2) as f32;
+            let mut out = vec![0u8; count * 4];
+            c.all_reduce(&mine, &mut out, count, DataType::F32, RedOp::Sum)
+                .unwrap();
+            assert_eq!(c.last_path(), picked.name());
+            let want: Vec<f32> = (0..count).map(|i| (i % 5) as f32 * tri).collect();
+            assert_eq!(to_f32(&out), want, "{mode:?} {n} rank {r}");
+            let mut buf = mine.clone();
+            c.all_reduce_in_place(&mut buf, count, DataType::F32, RedOp::Avg)
+                .unwrap();
+            let want: Vec<f32> = (0..count)
+                .map(|i| (i % 5) as f32 * tri / n as f32)
+                .collect();
+            assert_eq!(to_f32(&buf), want, "{mode:?} {n} rank {r} avg in place");
+            // Small calls keep the fewest steps.
+            assert_ne!(c.algorithm_for(ar, DataType::F32, 2), Algorithm::Hier);
+        });
+    }
+}
+
 /// Ranks placed cyclically on two hosts take their places in rings and trees host by host
 /// (the ring crosses between hosts twice, not at every step), every AllReduce algorithm still
 /// gives the exact sum, and ranks placed host by host keep their own numbers.

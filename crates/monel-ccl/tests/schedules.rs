@@ -87,6 +87,19 @@ struct Case {
     seed: u64,
     /// The ranks' places in rings and trees (`plan::schedule_ordered`).
     order: Vec<usize>,
+    /// Ranks per host, the places in `order` host by host (0: hosts unknown).
+    per_host: usize,
+}
+
+/// A number of ranks per host that divides `n` into several hosts of several ranks, picked
+/// by `pick` (0 when `n` has none, or for one pick in three: hosts unknown).
+fn hosts_of(n: usize, pick: usize) -> usize {
+    let ls: Vec<usize> = (2..n).filter(|l| n % l == 0).collect();
+    if ls.is_empty() || pick % 3 == 0 {
+        0
+    } else {
+        ls[pick % ls.len()]
+    }
 }
 
 /// A permutation of `0..n` from `seed` (Fisher-Yates over a xorshift stream).
@@ -137,7 +150,10 @@ fn run_case(c: &Case) -> Result<(), String> {
         .collect();
     let scheds: Vec<_> = (0..n)
         .map(|r| {
-            plan::schedule_ordered(c.coll, c.algo, n, r, count, 3, c.in_place, &c.order).unwrap()
+            plan::schedule_ordered(
+                c.coll, c.algo, n, r, count, 3, c.in_place, &c.order, c.per_host,
+            )
+            .unwrap()
         })
         .collect();
     for (r, s) in scheds.iter().enumerate() {
@@ -256,6 +272,7 @@ proptest! {
         in_place: bool,
         seed: u64,
         shuffle: bool,
+        pick in 0usize..6,
     ) {
         let t = DataType::ALL[t];
         let op = RedOp::ALL[o];
@@ -265,11 +282,14 @@ proptest! {
                 // Ranks placed in a shuffled order (as ranks of several hosts are), half
                 // the time.
                 let order = if shuffle { shuffled(n, seed) } else { (0..n).collect() };
-                let c = Case { coll, algo, t, n, count, in_place, seed, order: order.clone() };
+                let per_host = hosts_of(n, pick);
+                let c = Case {
+                    coll, algo, t, n, count, in_place, seed, order: order.clone(), per_host,
+                };
                 if let Err(e) = run_case(&c) {
                     return Err(TestCaseError::fail(format!(
                         "{coll} {} {t} n={n} count={count} in_place={in_place} seed={seed} \
-                         order={order:?}: {e}",
+                         order={order:?} per_host={per_host}: {e}",
                         algo.name()
                     )));
                 }
@@ -295,6 +315,7 @@ fn allreduce_every_type_and_reduction() {
                             in_place,
                             seed: 7,
                             order: shuffled(n, 7),
+                            per_host: hosts_of(n, 1),
                         };
                         run_case(&c).unwrap_or_else(|e| {
                             panic!("{t} {op} n={n} {} in_place={in_place}: {e}", algo.name())
@@ -428,6 +449,7 @@ fn an_ordered_allreduce_ring_passes_between_neighbours_in_the_order() {
             10,
             false,
             &order,
+            0,
         )
         .unwrap();
         let place = order.iter().position(|&x| x == r).unwrap();
@@ -458,6 +480,7 @@ fn an_ordered_allreduce_ring_passes_between_neighbours_in_the_order() {
             10,
             false,
             o,
+            0,
         )
         .unwrap()
     };
@@ -473,9 +496,98 @@ fn an_ordered_allreduce_ring_passes_between_neighbours_in_the_order() {
                 10,
                 10,
                 false,
-                bad
+                bad,
+                0
             )
             .is_err()
         );
+    }
+}
+
+/// The hierarchical AllReduce on every layout of 2-4 hosts of 2-4 ranks, every type and
+/// reduction, in place and out, ranks placed in a shuffled order: right on every rank; each
+/// rank talks to its host's ring neighbours and, between hosts, only to the ranks holding
+/// its part on the hosts next to its own; a host sends 2 (H-1)/H of the vector out, where
+/// the flat ring sends 2 (n-1)/n of it over each crossing.
+#[test]
+fn the_hierarchical_allreduce_reduces_inside_hosts_and_crosses_with_parts() {
+    for (hosts, local) in [(2, 2), (3, 2), (2, 3), (4, 2), (2, 4), (3, 3)] {
+        let n = hosts * local;
+        let order = shuffled(n, n as u64);
+        let host_of = |r: usize| order.iter().position(|&x| x == r).unwrap() / local;
+        for t in DataType::ALL {
+            for op in RedOp::ALL {
+                let fp8 = matches!(t, DataType::F8E4M3 | DataType::F8E5M2);
+                if fp8 && n > 8 {
+                    continue; // its exact integers run out
+                }
+                for count in [0, 1, n + 1, 4 * n + 3] {
+                    for in_place in [false, true] {
+                        let c = Case {
+                            coll: Collective::AllReduce(op),
+                            algo: Algorithm::Hier,
+                            t,
+                            n,
+                            count,
+                            in_place,
+                            seed: 11,
+                            order: order.clone(),
+                            per_host: local,
+                        };
+                        run_case(&c).unwrap_or_else(|e| {
+                            panic!(
+                                "{hosts}x{local} {t} {op} count {count} in place {in_place}: {e}"
+                            )
+                        });
+                    }
+                }
+            }
+        }
+        let count = 1200 * n;
+        let mut out_of_host = vec![0usize; hosts];
+        for r in 0..n {
+            let s = plan::schedule_ordered(
+                Collective::AllReduce(RedOp::Sum),
+                Algorithm::Hier,
+                n,
+                r,
+                count,
+                100,
+                false,
+                &order,
+                local,
+            )
+            .unwrap();
+            let peers = s.peers();
+            let (inside, across): (Vec<usize>, Vec<usize>) =
+                peers.iter().partition(|&&p| host_of(p) == host_of(r));
+            assert!(inside.len() <= 2, "{hosts}x{local} rank {r}: {inside:?}");
+            assert!(across.len() <= 2, "{hosts}x{local} rank {r}: {across:?}");
+            let place = order.iter().position(|&x| x == r).unwrap();
+            for p in &across {
+                let pp = order.iter().position(|&x| x == *p).unwrap();
+                assert_eq!(
+                    pp % local,
+                    place % local,
+                    "rank {r} crosses to another part"
+                );
+            }
+            for op in s.steps.iter().flat_map(|st| &st.ops) {
+                if let Op::Send { peer, src } = op {
+                    if host_of(*peer) != host_of(r) {
+                        out_of_host[host_of(r)] += src.len;
+                    }
+                }
+            }
+        }
+        let want = 2 * (hosts - 1) * count / hosts;
+        for (h, &sent) in out_of_host.iter().enumerate() {
+            assert!(
+                sent.abs_diff(want) <= 2 * n * (count / (n * 100) + 1),
+                "{hosts}x{local} host {h} sends {sent} out, want about {want}"
+            );
+        }
+        // The flat ring over the same order sends more out of each host.
+        assert!(want < 2 * (n - 1) * count / n);
     }
 }

@@ -628,7 +628,13 @@ fn op_and_algorithm(c: &Section<'_>) -> Result<(Collective, Algorithm), ConfigEr
         "reduce" => Collective::Reduce(RedOp::Sum, 0),
         _ => Collective::AllReduce(RedOp::Sum),
     };
-    let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+    // The hierarchical AllReduce needs the ranks' hosts, which the planner does not pass to
+    // the schedules yet: without them it would be the ring under another name.
+    let names: Vec<&str> = Algorithm::ALL
+        .iter()
+        .filter(|&&a| a != Algorithm::Hier)
+        .map(|a| a.name())
+        .collect();
     let algo = Algorithm::parse(c.choice("algorithm", &names, "ring")?).expect("listed");
     if !coll.algorithms().contains(&algo) {
         let have: Vec<&str> = coll.algorithms().iter().map(|a| a.name()).collect();
