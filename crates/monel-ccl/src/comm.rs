@@ -1644,7 +1644,7 @@ mod tests {
     }
 
     #[test]
-    fn host_order_groups_ranks_by_machine_and_host() {
+    fn host_order_groups_ranks_by_machine_and_host_and_counts_them() {
         let peer = |ip: &str, machine: &str, host: &str| PeerAddrs {
             data: format!("{ip}:1").parse().unwrap(),
             status: format!("{ip}:2").parse().unwrap(),
@@ -1659,6 +1659,7 @@ mod tests {
             peer("10.0.0.2", "m2", ""),
         ];
         assert_eq!(host_order(&t), [0, 2, 1, 3]);
+        assert_eq!(per_host(&t), 2);
         // One machine standing in for two hosts (MONEL_HOST); hosts in order of their
         // lowest rank.
         let t = [
@@ -1669,6 +1670,8 @@ mod tests {
             peer("10.0.0.1", "m", "a"),
         ];
         assert_eq!(host_order(&t), [0, 2, 1, 3, 4]);
+        // Hosts of 2 and 3 ranks: no common size.
+        assert_eq!(per_host(&t), 0);
         // Unknown machines fall back to the address; placed host by host: the identity.
         let t = [
             peer("10.0.0.1", "", ""),
@@ -1676,6 +1679,9 @@ mod tests {
             peer("10.0.0.2", "", ""),
         ];
         assert_eq!(host_order(&t), [0, 1, 2]);
+        assert_eq!(per_host(&t), 0);
+        assert_eq!(per_host(&t[..2]), 2, "one host of two");
+        assert_eq!(per_host(&t[1..]), 1, "two hosts of one");
     }
 
     #[test]
