@@ -349,15 +349,21 @@ pub fn allreduce_ring_pipelined(
     slice: usize,
     avg: bool,
 ) -> Schedule {
-    let pieces = ring_pieces(n, count, slice);
-    if n == 1 || pieces <= 1 {
+    if n == 1 || ring_pieces(n, count, slice) <= 1 {
         return allreduce_ring(n, r, count, avg);
     }
+    in_pieces(n, count, slice, |len| allreduce_ring(n, r, len, avg))
+}
+
+/// The pieces of [`ring_pieces`] in turn: `piece(len)` is the schedule of one piece of `len`
+/// elements, its spans moved to where the piece lies.
+fn in_pieces(n: usize, count: usize, slice: usize, piece: impl Fn(usize) -> Schedule) -> Schedule {
+    let pieces = ring_pieces(n, count, slice);
     let mut s = Schedule::default();
     for k in 0..pieces {
         let lo = count * k / pieces;
         let hi = count * (k + 1) / pieces;
-        let sub = allreduce_ring(n, r, hi - lo, avg);
+        let sub = piece(hi - lo);
         s.scratch = s.scratch.max(sub.scratch);
         for mut step in sub.steps {
             for op in &mut step.ops {
@@ -375,9 +381,10 @@ pub fn allreduce_ring_pipelined(
 /// holding the same part on every host all-reduce it with a ring between the hosts, then
 /// each host all-gathers the parts over its own ranks. A host sends `2 (H-1)/H` of the
 /// vector between hosts (H hosts), where a flat ring sends `2 (n-1)/n` of it over each
-/// crossing hop, and the intra-host phases move half the bytes a flat ring moves inside a
-/// host. Pipelined in pieces as [`allreduce_ring_pipelined`]. With `per_host` 0 or not
-/// dividing `n` the hosts are unknown and this is that ring.
+/// crossing hop; inside a host each rank sends `2 (L-1)/L` of it (L ranks a host), more than
+/// the flat ring's hops inside a host carry. Pipelined in pieces as
+/// [`allreduce_ring_pipelined`]. With `per_host` 0, 1, `n` or not dividing `n` there is no
+/// hierarchy and this is that ring.
 pub fn allreduce_hier(
     n: usize,
     r: usize,
@@ -389,20 +396,9 @@ pub fn allreduce_hier(
     if per_host == 0 || n % per_host != 0 || per_host == n || per_host == 1 {
         return allreduce_ring_pipelined(n, r, count, slice, avg);
     }
-    let pieces = ring_pieces(n, count, slice);
-    let mut s = Schedule::default();
-    for k in 0..pieces {
-        let lo = count * k / pieces;
-        let hi = count * (k + 1) / pieces;
-        let sub = hier_piece(n / per_host, per_host, r, hi - lo, avg);
-        for mut step in sub.steps {
-            for op in &mut step.ops {
-                op.shift(lo);
-            }
-            s.steps.push(step);
-        }
-    }
-    s
+    in_pieces(n, count, slice, |len| {
+        hier_piece(n / per_host, per_host, r, len, avg)
+    })
 }
 
 /// One piece of [`allreduce_hier`]: `hosts` hosts of `local` ranks, position `p`.
