@@ -299,10 +299,9 @@ fn host_key(p: &PeerAddrs) -> (String, String) {
     (m, p.host.clone())
 }
 
-/// How many ranks each host has, when every host has as many (hosts as [`host_order`]
-/// groups them), else 0.
-pub(crate) fn per_host(table: &[PeerAddrs]) -> usize {
-    let order = host_order(table);
+/// How many ranks each host has, when every host has as many, else 0; `order` is
+/// [`host_order`]'s, which puts each host's ranks next to each other.
+pub(crate) fn per_host(table: &[PeerAddrs], order: &[usize]) -> usize {
     let mut sizes: Vec<usize> = Vec::new();
     for (k, &r) in order.iter().enumerate() {
         if k > 0 && host_key(&table[order[k - 1]]) == host_key(&table[r]) {
@@ -587,7 +586,7 @@ impl Communicator {
         }
         let costs = tune::Costs::of(kinds(), local as f64 / cores as f64);
         let order = host_order(&table);
-        let per_host = per_host(&table);
+        let per_host = per_host(&table, &order);
         let hosts = (per_host > 1 && per_host < nranks).then(|| {
             let same = |j: usize| host_key(&table[j]) == host_key(&table[rank]);
             let of = |inside: bool| {
@@ -1659,7 +1658,7 @@ mod tests {
             peer("10.0.0.2", "m2", ""),
         ];
         assert_eq!(host_order(&t), [0, 2, 1, 3]);
-        assert_eq!(per_host(&t), 2);
+        assert_eq!(per_host(&t, &host_order(&t)), 2);
         // One machine standing in for two hosts (MONEL_HOST); hosts in order of their
         // lowest rank.
         let t = [
@@ -1671,7 +1670,7 @@ mod tests {
         ];
         assert_eq!(host_order(&t), [0, 2, 1, 3, 4]);
         // Hosts of 2 and 3 ranks: no common size.
-        assert_eq!(per_host(&t), 0);
+        assert_eq!(per_host(&t, &host_order(&t)), 0);
         // Unknown machines fall back to the address; placed host by host: the identity.
         let t = [
             peer("10.0.0.1", "", ""),
@@ -1679,9 +1678,9 @@ mod tests {
             peer("10.0.0.2", "", ""),
         ];
         assert_eq!(host_order(&t), [0, 1, 2]);
-        assert_eq!(per_host(&t), 0);
-        assert_eq!(per_host(&t[..2]), 2, "one host of two");
-        assert_eq!(per_host(&t[1..]), 1, "two hosts of one");
+        assert_eq!(per_host(&t, &host_order(&t)), 0);
+        assert_eq!(per_host(&t[..2], &[0, 1]), 2, "one host of two");
+        assert_eq!(per_host(&t[1..], &[0, 1]), 1, "two hosts of one");
     }
 
     #[test]

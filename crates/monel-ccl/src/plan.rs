@@ -215,14 +215,26 @@ pub fn schedule_ordered(
     let reorders = matches!(coll, Collective::AllReduce(_))
         && algo != Algorithm::Deterministic
         && order.iter().enumerate().any(|(k, &x)| k != x);
+    // Only the hierarchy needs the hosts; everything else is `schedule`'s.
+    let build = |r: usize| match (coll, algo) {
+        (Collective::AllReduce(o), Algorithm::Hier) => Ok(sch::allreduce_hier(
+            n,
+            r,
+            count,
+            slice,
+            o == RedOp::Avg,
+            per_host,
+        )),
+        _ => schedule(coll, algo, n, r, count, slice, in_place),
+    };
     if !reorders {
-        return schedule_on(coll, algo, n, r, count, slice, in_place, per_host);
+        return build(r);
     }
     let place = order
         .iter()
         .position(|&x| x == r)
         .ok_or_else(|| CclError::invalid(format!("rank {r} is not in the rank order {order:?}")))?;
-    let mut s = schedule_on(coll, algo, n, place, count, slice, in_place, per_host)?;
+    let mut s = build(place)?;
     s.relabel(order);
     Ok(s)
 }
@@ -239,21 +251,6 @@ pub fn schedule(
     count: usize,
     slice: usize,
     in_place: bool,
-) -> Result<Schedule> {
-    schedule_on(coll, algo, n, r, count, slice, in_place, 0)
-}
-
-/// [`schedule`] with `per_host` ranks on each host (0: unknown).
-#[allow(clippy::too_many_arguments)]
-fn schedule_on(
-    coll: Collective,
-    algo: Algorithm,
-    n: usize,
-    r: usize,
-    count: usize,
-    slice: usize,
-    in_place: bool,
-    per_host: usize,
 ) -> Result<Schedule> {
     if !coll.algorithms().contains(&algo) {
         return Err(CclError::invalid(format!(
@@ -280,7 +277,7 @@ fn schedule_on(
             sch::allreduce_tree(n, r, count, slice, avg(o))
         }
         (Collective::AllReduce(o), Algorithm::Hier) => {
-            sch::allreduce_hier(n, r, count, slice, avg(o), per_host)
+            sch::allreduce_hier(n, r, count, slice, avg(o), 0)
         }
         (Collective::AllReduce(o), _) => sch::allreduce_deterministic(n, r, count, avg(o)),
         (Collective::Broadcast(root), Algorithm::Ring) => {
