@@ -277,7 +277,8 @@ fn missing_rank(mode: Mode) {
     for e in errs.into_iter().flatten() {
         assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
         assert_eq!(e.ranks, vec![2], "{e}");
-        assert!(e.message.contains("rank 2 last seen in barrier #1"), "{e}");
+        // Call #1 is init's own (the ranks agreeing on the cost model).
+        assert!(e.message.contains("rank 2 last seen in barrier #2"), "{e}");
     }
 }
 
@@ -536,6 +537,124 @@ fn hosts_of_several_ranks_reduce_hierarchically() {
             // Small calls keep the fewest steps.
             assert_ne!(c.algorithm_for(ar, DataType::F32, 2), Algorithm::Hier);
         });
+    }
+}
+
+/// Runs `f(comm)` on `n` ranks whose configurations `cfg(rank)` gives; returns each rank's
+/// init result and, where init succeeded, `f`'s.
+fn ranks_with<T: Send + 'static>(
+    n: usize,
+    cfg: impl Fn(usize) -> CommConfig + Send + Sync + Clone + 'static,
+    f: impl Fn(&mut Communicator) -> T + Send + Sync + Clone + 'static,
+) -> Vec<Result<T, monel_ccl::CclError>> {
+    let id = UniqueId::create("127.0.0.1:0".parse().unwrap()).unwrap();
+    let hs: Vec<_> = (0..n)
+        .map(|r| {
+            let (id, f, cfg) = (id.clone(), f.clone(), cfg.clone());
+            std::thread::spawn(move || {
+                Communicator::init_rank(n, r, &id, cfg(r)).map(|mut c| f(&mut c))
+            })
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// Ranks whose own links differ still choose alike. Two hosts of two ranks, where rank 0
+/// refuses shared memory: ranks 0 and 1 reach each other over the soft RNIC, ranks 2 and 3
+/// over shared memory, so each pair prices the inside of a host differently. Before init
+/// agreed on the cost model, ranks 2 and 3 went hierarchical at 32 KiB while 0 and 1 took
+/// recursive doubling, and the call failed with a mismatch.
+#[test]
+fn ranks_with_different_links_choose_the_same_algorithm() {
+    let cfg = |r: usize| {
+        let mut c = CommConfig {
+            timeout: Duration::from_secs(30),
+            ..CommConfig::default()
+        };
+        c.shm.host = Some(format!("host{}", r / 2));
+        if r == 0 {
+            c.transports = Transports::parse("rdma,tcp").unwrap();
+        }
+        c
+    };
+    let out = ranks_with(4, cfg, |c| {
+        let r = c.rank();
+        let ar = Collective::AllReduce(RedOp::Sum);
+        let sizes = [2, 16, 128, 1024, 8192, 65536, 1 << 19, 1 << 22];
+        let picks: Vec<Algorithm> = sizes
+            .iter()
+            .map(|&n| c.algorithm_for(ar, DataType::F32, n))
+            .collect();
+        let ag: Vec<Algorithm> = sizes
+            .iter()
+            .map(|&n| c.algorithm_for(Collective::AllGather, DataType::F32, n))
+            .collect();
+        for count in [2, 1024, 8192, 65536] {
+            let mine = f32s((0..count).map(|i| (i % 7) as f32 * (r + 1) as f32));
+            let mut out = vec![0u8; count * 4];
+            c.all_reduce(&mine, &mut out, count, DataType::F32, RedOp::Sum)
+                .unwrap_or_else(|e| panic!("rank {r}, {count} floats: {e}"));
+            let want: Vec<f32> = (0..count).map(|i| (i % 7) as f32 * 10.0).collect();
+            assert_eq!(to_f32(&out), want, "rank {r}, {count} floats");
+        }
+        (c.paths().to_vec(), picks, ag)
+    });
+    let out: Vec<_> = out.into_iter().map(Result::unwrap).collect();
+    // The links do differ: rank 0's path to rank 1 is the soft RNIC, rank 2's to 3 SHM.
+    assert!(
+        out[0].0[0].starts_with("rank 0 -> 1 via RoCE"),
+        "{}",
+        out[0].0[0]
+    );
+    assert!(
+        out[2].0[2].starts_with("rank 2 -> 3 via SHM"),
+        "{}",
+        out[2].0[2]
+    );
+    for (r, o) in out.iter().enumerate() {
+        assert_eq!(
+            o.1, out[0].1,
+            "rank {r}'s AllReduce choices against rank 0's"
+        );
+        assert_eq!(
+            o.2, out[0].2,
+            "rank {r}'s AllGather choices against rank 0's"
+        );
+    }
+}
+
+/// Ranks started with different `MONEL_ALGO` or `MONEL_CHUNK` would build different
+/// schedules: init refuses, on every rank, naming the odd ones.
+#[test]
+fn ranks_with_different_settings_are_refused_at_init() {
+    type Tweak = fn(&mut CommConfig);
+    let tweaks: [(Tweak, &str); 3] = [
+        (|c| c.algo = Some(Algorithm::Ring), "MONEL_ALGO"),
+        (|c| c.chunk = 4096, "MONEL_CHUNK"),
+        (|c| c.deterministic = true, "MONEL_DETERMINISTIC"),
+    ];
+    for (tweak, name) in tweaks {
+        let cfg = move |r: usize| {
+            let mut c = CommConfig {
+                timeout: Duration::from_secs(20),
+                ..CommConfig::default()
+            };
+            if r == 2 {
+                tweak(&mut c);
+            }
+            c
+        };
+        let t0 = Instant::now();
+        for (r, res) in ranks_with(3, cfg, |_| ()).into_iter().enumerate() {
+            let e = res.expect_err("init must refuse");
+            assert_eq!(e.kind, ErrorKind::Mismatch, "rank {r}: {e}");
+            assert_eq!(e.ranks, vec![2], "rank {r}: {e}");
+            assert!(e.message.contains(name), "rank {r}: {e}");
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "{name}: before the timeout"
+        );
     }
 }
 
