@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
+use monel_ccl::plan::Algorithm;
 use monel_fabric::{Report, SweepRow, evaluate, parse_design, svg_chart};
 
 #[derive(Debug, Args)]
@@ -22,6 +23,9 @@ enum FabricCmd {
         /// Override the design's GPU count.
         #[arg(long)]
         gpus: Option<usize>,
+        /// Override the collective's algorithm (`ring`, `hier`, `tree`, ...).
+        #[arg(long)]
+        algorithm: Option<String>,
     },
     /// Compare designs at several GPU counts; write CSV and SVG plots.
     Sweep {
@@ -37,25 +41,47 @@ enum FabricCmd {
         /// SVG output: bus bandwidth against GPUs; with training steps, `-step.svg` too.
         #[arg(long)]
         svg: Option<PathBuf>,
+        /// Run every design with this algorithm too (`hier`, ...): one more line each, named
+        /// with it.
+        #[arg(long)]
+        algorithm: Option<String>,
     },
 }
 
-fn design(path: &Path, gpus: Option<usize>) -> anyhow::Result<Report> {
+fn design(path: &Path, gpus: Option<usize>, algo: Option<&str>) -> anyhow::Result<Report> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let stem = path
         .file_stem()
         .and_then(|s| s.to_str())
         .unwrap_or("design");
-    let d = parse_design(&text, stem, gpus).with_context(|| path.display().to_string())?;
+    let mut d = parse_design(&text, stem, gpus).with_context(|| path.display().to_string())?;
+    if let Some(name) = algo {
+        let have: Vec<&str> = d.spec.coll.algorithms().iter().map(|a| a.name()).collect();
+        let a = Algorithm::parse(name)
+            .filter(|a| d.spec.coll.algorithms().contains(a))
+            .with_context(|| {
+                format!(
+                    "--algorithm {name}: {} has {}",
+                    d.spec.coll.name(),
+                    have.join(", ")
+                )
+            })?;
+        d.spec.algo = a;
+        d.name = format!("{} ({})", d.name, a.name());
+    }
     evaluate(d).with_context(|| path.display().to_string())
 }
 
 pub(crate) fn run(a: &FabricArgs) -> anyhow::Result<()> {
     match &a.cmd {
-        FabricCmd::Plan { config, gpus } => {
+        FabricCmd::Plan {
+            config,
+            gpus,
+            algorithm,
+        } => {
             let t = std::time::Instant::now();
-            print!("{}", design(config, *gpus)?);
+            print!("{}", design(config, *gpus, algorithm.as_deref())?);
             println!("  (planned in {:.2} s)", t.elapsed().as_secs_f64());
         }
         FabricCmd::Sweep {
@@ -63,18 +89,24 @@ pub(crate) fn run(a: &FabricArgs) -> anyhow::Result<()> {
             gpus,
             csv,
             svg,
+            algorithm,
         } => {
             if gpus.is_empty() || gpus.contains(&0) {
                 bail!("--gpus: want GPU counts above 0");
             }
             let mut rows = Vec::new();
             println!("{}", SweepRow::HEADER);
+            let algos: Vec<Option<&str>> = std::iter::once(None)
+                .chain(algorithm.as_deref().map(Some))
+                .collect();
             for c in configs {
-                for &g in gpus {
-                    let r = design(c, Some(g))?;
-                    let row = SweepRow::from(&r);
-                    println!("{}", row.csv());
-                    rows.push(row);
+                for &a in &algos {
+                    for &g in gpus {
+                        let r = design(c, Some(g), a)?;
+                        let row = SweepRow::from(&r);
+                        println!("{}", row.csv());
+                        rows.push(row);
+                    }
                 }
             }
             if let Some(p) = csv {
@@ -103,7 +135,7 @@ pub(crate) fn run(a: &FabricArgs) -> anyhow::Result<()> {
                         .collect::<Vec<_>>()
                 };
                 let bw = svg_chart(
-                    "Ring AllReduce bus bandwidth",
+                    "Bus bandwidth",
                     "GPUs",
                     "busbw (GB/s)",
                     &series(&|r| Some(r.busbw / 1e9)),

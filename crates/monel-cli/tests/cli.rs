@@ -397,3 +397,32 @@ fn demo_falls_back_to_tcp_when_rdma_is_forbidden() {
         "{text}"
     );
 }
+
+#[test]
+fn fabric_plan_takes_an_algorithm_and_refuses_one_the_collective_lacks() {
+    let design = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/fabric/rail-optimized.toml"
+    );
+    let (code, out) = monel(&[
+        "fabric",
+        "plan",
+        design,
+        "--gpus",
+        "256",
+        "--algorithm",
+        "hier",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("RoCE rail-optimized (hier)"), "{out}");
+    assert!(
+        out.contains("all_reduce hier") && out.contains("lockstep engine"),
+        "{out}"
+    );
+    let (code, out) = monel(&["fabric", "plan", design, "--algorithm", "spiral"]);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        out.contains("--algorithm spiral: all_reduce has ring"),
+        "{out}"
+    );
+}

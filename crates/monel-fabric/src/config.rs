@@ -628,13 +628,7 @@ fn op_and_algorithm(c: &Section<'_>) -> Result<(Collective, Algorithm), ConfigEr
         "reduce" => Collective::Reduce(RedOp::Sum, 0),
         _ => Collective::AllReduce(RedOp::Sum),
     };
-    // The hierarchical AllReduce needs the ranks' hosts, which the planner does not pass to
-    // the schedules yet: without them it would be the ring under another name.
-    let names: Vec<&str> = Algorithm::ALL
-        .iter()
-        .filter(|&&a| a != Algorithm::Hier)
-        .map(|a| a.name())
-        .collect();
+    let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
     let algo = Algorithm::parse(c.choice("algorithm", &names, "ring")?).expect("listed");
     if !coll.algorithms().contains(&algo) {
         let have: Vec<&str> = coll.algorithms().iter().map(|a| a.name()).collect();
@@ -1017,7 +1011,7 @@ pub fn svg_chart(
     y_label: &str,
     series: &[(String, Vec<(f64, f64)>)],
 ) -> String {
-    let (w, h, l, r, t, b) = (760.0, 420.0, 70.0, 220.0, 40.0, 50.0);
+    let (w, h, l, r, t, b) = (880.0, 420.0, 70.0, 300.0, 40.0, 50.0);
     let pts = series.iter().flat_map(|(_, p)| p.iter());
     let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
     for &(x, y) in pts {
@@ -1087,14 +1081,34 @@ pub fn svg_chart(
             h - b + 16.0
         );
     }
+    // A variant of another series ("name (hier)" beside "name") takes its colour, dashed.
+    let mut color_of: Vec<usize> = Vec::new();
+    let mut fresh = 0;
+    for (name, _) in series {
+        let base = name
+            .rsplit_once(" (")
+            .and_then(|(b, _)| series.iter().position(|(n, _)| n == b));
+        match base {
+            Some(k) if k < color_of.len() => color_of.push(color_of[k]),
+            _ => {
+                color_of.push(fresh);
+                fresh += 1;
+            }
+        }
+    }
     for (i, (name, p)) in series.iter().enumerate() {
-        let c = colors[i % colors.len()];
+        let c = colors[color_of[i] % colors.len()];
+        let dash = if color_of[..i].contains(&color_of[i]) {
+            " stroke-dasharray=\"6 4\""
+        } else {
+            ""
+        };
         let d: Vec<String> = p
             .iter()
             .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
             .collect();
         s += &format!(
-            "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>\n",
+            "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\"{dash} points=\"{}\"/>\n",
             d.join(" ")
         );
         for &(x, y) in p {
@@ -1106,12 +1120,12 @@ pub fn svg_chart(
         }
         let ly = t + 10.0 + 18.0 * i as f64;
         s += &format!(
-            "<rect x=\"{}\" y=\"{}\" width=\"12\" height=\"3\" fill=\"{c}\"/><text x=\"{}\" y=\"{}\">{}</text>\n",
-            w - r + 12.0,
-            ly - 4.0,
-            w - r + 30.0,
-            ly,
-            esc(name)
+            "<line x1=\"{x1}\" y1=\"{y}\" x2=\"{x2}\" y2=\"{y}\" stroke=\"{c}\" stroke-width=\"3\"{dash}/><text x=\"{tx}\" y=\"{ly}\">{name}</text>\n",
+            x1 = w - r + 8.0,
+            x2 = w - r + 26.0,
+            y = ly - 4.0,
+            tx = w - r + 30.0,
+            name = esc(name)
         );
     }
     s + "</svg>\n"

@@ -6,7 +6,7 @@
 //! ```text
 //! units (400Gbps, 1us) --> LeafSpine | FatTree | RailOptimized --> Fabric --+ Server --> Cluster
 //! monel_ccl::plan::schedule(...) --> replay (event engine, async ranks, <= 4096 ranks)
-//!                                --> lockstep (rank-symmetric algorithms, 100,000 GPUs)
+//!                                --> lockstep (rank- or host-symmetric algorithms, 100,000 GPUs)
 //! plan: collectives (NCCL-style channels on NIC rails), training steps, cost
 //! ```
 //! Everything is deterministic: the same inputs give the same answer, bit for bit.

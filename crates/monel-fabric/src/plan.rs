@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use monel_ccl::plan::{Algorithm, Collective, schedule};
+use monel_ccl::plan::{Algorithm, Collective, schedule_ordered};
 use monel_ccl::schedule::Schedule;
 
 use crate::cluster::Cluster;
@@ -209,10 +209,17 @@ impl Scenario {
 /// Packets above which the packet engine refuses a collective (about a minute of work).
 pub const PACKET_ENGINE_MAX_PACKETS: u64 = 100_000_000;
 
+/// The schedules that describe every rank, and how (see [`symmetric`]).
+type Symmetric = (Vec<Schedule>, Symmetry);
+
 /// A collective cut into channels and placed: what every engine replays.
 struct Placed<'a> {
     spec: &'a CollectiveSpec,
     n: usize,
+    /// Ranks per server, for the hierarchical AllReduce (ranks sit server by server).
+    per_host: usize,
+    /// Rank order of the schedules: the ranks' own (placement is in `gpus`).
+    order: Vec<usize>,
     counts: Vec<usize>,
     gpus: Vec<Vec<usize>>,
     rails: Vec<Option<usize>>,
@@ -220,7 +227,7 @@ struct Placed<'a> {
 
 impl Placed<'_> {
     fn sched(&self, count: usize, r: usize) -> Result<Schedule, PlanError> {
-        schedule(
+        schedule_ordered(
             self.spec.coll,
             self.spec.algo,
             self.n,
@@ -228,14 +235,16 @@ impl Placed<'_> {
             count,
             1 << 17,
             false,
+            &self.order,
+            self.per_host,
         )
         .map_err(|e| invalid("algorithm", e.to_string()))
     }
 
-    fn symmetric(&self, made: &mut HashMap<usize, (Schedule, Symmetry)>) -> Result<(), PlanError> {
+    fn symmetric(&self, made: &mut HashMap<usize, Symmetric>) -> Result<(), PlanError> {
         for &count in &self.counts {
             if let std::collections::hash_map::Entry::Vacant(e) = made.entry(count) {
-                e.insert(symmetric(self.n, |r| {
+                e.insert(symmetric(self.n, self.per_host, |r| {
                     self.sched(count, r).expect("checked")
                 })?);
             }
@@ -243,15 +252,15 @@ impl Placed<'_> {
         Ok(())
     }
 
-    fn sym_jobs(&self, made: &HashMap<usize, (Schedule, Symmetry)>) -> Vec<SymJob> {
+    fn sym_jobs(&self, made: &HashMap<usize, Symmetric>) -> Vec<SymJob> {
         self.counts
             .iter()
             .enumerate()
             .map(|(c, count)| {
-                let (s0, sym) = made[count].clone();
+                let (first, sym) = made[count].clone();
                 SymJob {
                     gpus: self.gpus[c].clone(),
-                    schedule: s0,
+                    schedules: first,
                     symmetry: sym,
                     rail: self.rails[c],
                     elem_bytes: self.spec.elem_bytes,
@@ -329,6 +338,8 @@ fn place<'a>(
     let placed = Placed {
         spec,
         n,
+        per_host: per,
+        order: (0..n).collect(),
         gpus: (0..channels)
             .map(|c| {
                 let order = if ring {
@@ -384,7 +395,7 @@ pub fn run_scenario(
     }
     let main_jobs = all[0].counts.len();
     // Rank 0's schedule and its symmetry, per placed collective and count.
-    let mut made: Vec<HashMap<usize, (Schedule, Symmetry)>> = vec![HashMap::new(); all.len()];
+    let mut made: Vec<HashMap<usize, Symmetric>> = vec![HashMap::new(); all.len()];
     let engine = match engine {
         Engine::Auto => {
             let ok = all

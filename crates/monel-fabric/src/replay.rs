@@ -1,13 +1,14 @@
 //! The event engine: replays `monel-ccl` schedules (every rank's list of steps of sends and
 //! receives, the same data the library executes) on a cluster, in the fluid model: a rank
 //! starts a step when the previous one finished, its sends become flows sharing links max-min
-//! fairly, a message is delivered one path latency plus the per-message overhead after its
+//! fairly (messages from one rank to another one after the other, as a queue pair sends
+//! them), a message is delivered one path latency plus the per-message overhead after its
 //! last bit left, and a step finishes when all of its receives were delivered. Ranks run
 //! asynchronously, as they do for real; every event re-shares the links, so the cost grows
 //! with messages times flows in flight: up to a few thousand ranks. [`crate::lockstep`]
 //! covers the rest.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 
 use monel_ccl::schedule::{Op, Schedule};
@@ -102,6 +103,9 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
     // Rates change only when flows start or end.
     let mut rates: Vec<f64> = Vec::new();
     let mut dirty = true;
+    // Messages from one rank to another leave in order, one after the other, as a queue
+    // pair's do: a later one waits here while an earlier one is still flowing.
+    let mut queued: HashMap<(usize, usize), VecDeque<Active>> = HashMap::new();
 
     loop {
         progress.run(&mut posted);
@@ -118,13 +122,20 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
                 seq += 1;
             } else {
                 out.bytes += m.bytes;
-                dirty = true;
-                flows.push(Active {
+                let f = Active {
                     src: m.src,
                     dst: m.dst,
                     path,
                     bits: m.bytes as f64 * 8.0,
-                });
+                };
+                match queued.get_mut(&(m.src, m.dst)) {
+                    Some(q) => q.push_back(f),
+                    None => {
+                        queued.insert((m.src, m.dst), VecDeque::new());
+                        dirty = true;
+                        flows.push(f);
+                    }
+                }
             }
         }
         if flows.is_empty() && deliveries.is_empty() {
@@ -174,6 +185,18 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
                     let at = t + cluster.latency(&f.path) + overhead_s;
                     deliveries.insert((at.to_bits(), seq), (f.src, f.dst));
                     seq += 1;
+                    // The pair's next message starts now (it takes the last place, which
+                    // the loop has not reached yet).
+                    let pair = (f.src, f.dst);
+                    match queued.get_mut(&pair).and_then(VecDeque::pop_front) {
+                        Some(next) => {
+                            flows.push(next);
+                            rates.push(0.0);
+                        }
+                        None => {
+                            queued.remove(&pair);
+                        }
+                    }
                 } else {
                     k += 1;
                 }

@@ -220,4 +220,21 @@ fn sweep_rows_and_svg() {
     assert!(
         svg.starts_with("<svg") && svg.contains("polyline") && svg.trim_end().ends_with("</svg>")
     );
+    // A design's variant (`--algorithm`) shares its colour, dashed; another design does not.
+    let pts = vec![(64.0, 1.0), (128.0, 2.0)];
+    let svg = svg_chart(
+        "t",
+        "GPUs",
+        "GB/s",
+        &[
+            ("a".into(), pts.clone()),
+            ("a (hier)".into(), pts.clone()),
+            ("b".into(), pts),
+        ],
+    );
+    let lines: Vec<&str> = svg.lines().filter(|l| l.contains("<polyline")).collect();
+    let color = |l: &str| l.split("stroke=\"").nth(1).unwrap()[..7].to_string();
+    assert_eq!(color(lines[0]), color(lines[1]));
+    assert_ne!(color(lines[0]), color(lines[2]));
+    assert!(!lines[0].contains("dasharray") && lines[1].contains("dasharray"));
 }

@@ -66,6 +66,8 @@ fn lockstep_and_event_engines_agree_on_mid_size_fabrics() {
         (4, 8, Algorithm::Ring),
         (2, 1, Algorithm::Ring),
         (4, 1, Algorithm::Halving),
+        (4, 1, Algorithm::Hier),
+        (16, 1, Algorithm::Hier),
     ] {
         let c = Cluster::new(leaf_spine(4, 16, spines, 400e9, 1e-6), server.clone()).unwrap();
         let spec = CollectiveSpec {
@@ -82,13 +84,114 @@ fn lockstep_and_event_engines_agree_on_mid_size_fabrics() {
             ev.time_s * 1e3,
             100.0 * (ls.time_s / ev.time_s - 1.0)
         );
+        // The hierarchy is rings in phases, which meet at the phase boundaries: lockstep
+        // charges the phases as rings, and came out 0-14% above the event engine in every case
+        // measured (48 to 1,024 GPUs).
+        let ok = if algo == Algorithm::Hier {
+            (-0.01..0.15).contains(&(ls.time_s / ev.time_s - 1.0))
+        } else {
+            err < 0.07
+        };
         assert!(
-            err < 0.07,
+            ok,
             "{spines} spines, {channels} channels, {algo:?}: lockstep {} s, event {} s",
-            ls.time_s,
-            ev.time_s
+            ls.time_s, ev.time_s
         );
     }
+}
+
+/// The hierarchical AllReduce (rings inside servers over NVLink around one ring per local GPU
+/// between servers, each over its GPU's own NIC), with the ranks of each server as a host.
+/// The lockstep engine describes all ranks by the first server's (host symmetry): on one
+/// switch it equals the event engine, which replays every rank's own schedule. At scale it
+/// beats the flat ring where the ring's 2(n-1) steps dominate, and loses where bytes do (its
+/// phases take turns on NVLink and the network, which the ring's channels use at once).
+#[test]
+fn the_hierarchy_replays_alike_on_both_engines_and_scales_past_the_flat_ring() {
+    let server = Server {
+        gpus: 8,
+        nics: 8,
+        nvlink_bps: 3.6e12,
+        pcie_bps: 512e9,
+    };
+    let hier = |bytes, channels| CollectiveSpec {
+        algo: Algorithm::Hier,
+        ..allreduce(bytes, channels)
+    };
+    // One leaf, 8 servers: no ECMP.
+    let c = Cluster::new(leaf_spine(1, 64, 0, 400e9, 1e-6), server.clone()).unwrap();
+    let ev = run_collective(&c, &hier(64 << 20, 1), Engine::Event, 2e-6).unwrap();
+    let auto = run_collective(&c, &hier(64 << 20, 1), Engine::Auto, 2e-6).unwrap();
+    assert_eq!(
+        auto.engine,
+        Engine::Lockstep,
+        "host symmetry runs in lockstep"
+    );
+    let err = (auto.time_s - ev.time_s).abs() / ev.time_s;
+    assert!(
+        err < 1e-9,
+        "lockstep {} s, event {} s",
+        auto.time_s,
+        ev.time_s
+    );
+    let s = auto.stats.unwrap();
+    assert!(s.distinct_steps < s.steps, "{s:?}");
+    // 2,048 GPUs, rail-optimized: a 25 MiB bucket and 1 GiB, hierarchy against 8 rings.
+    let rail = |gpus: usize| {
+        let f = RailOptimized {
+            units: gpus.div_ceil(8 * 32),
+            servers_per_unit: 32,
+            rails: 8,
+            spines: 32,
+            link_bps: 400e9,
+            link_latency_s: 600e-9,
+        }
+        .build()
+        .unwrap();
+        Cluster::new(f, server.clone()).unwrap()
+    };
+    let c = rail(2048);
+    let t = |spec: CollectiveSpec| {
+        run_collective(
+            &c,
+            &CollectiveSpec {
+                ranks: 2048,
+                ..spec
+            },
+            Engine::Auto,
+            2e-6,
+        )
+        .unwrap()
+        .time_s
+    };
+    let (ring_small, hier_small) = (t(allreduce(25 << 20, 8)), t(hier(25 << 20, 1)));
+    let (ring_big, hier_big) = (t(allreduce(1 << 30, 8)), t(hier(1 << 30, 1)));
+    eprintln!(
+        "2048 GPUs: 25 MiB ring {:.3} ms, hier {:.3} ms; 1 GiB ring {:.3} ms, hier {:.3} ms",
+        ring_small * 1e3,
+        hier_small * 1e3,
+        ring_big * 1e3,
+        hier_big * 1e3
+    );
+    assert!(
+        hier_small < ring_small / 4.0,
+        "{hier_small} vs {ring_small}"
+    );
+    // 64 GPUs, 1 GiB: the ring's channels keep NVLink and the NICs busy together.
+    let c = Cluster::new(leaf_spine(1, 64, 0, 400e9, 1e-6), server.clone()).unwrap();
+    let ring = run_collective(&c, &allreduce(1 << 30, 8), Engine::Auto, 2e-6).unwrap();
+    let h = run_collective(&c, &hier(1 << 30, 1), Engine::Auto, 2e-6).unwrap();
+    assert!(ring.time_s < h.time_s, "{} vs {}", ring.time_s, h.time_s);
+    // One GPU per server has no hierarchy: it is the ring.
+    let one = Server {
+        gpus: 1,
+        nics: 1,
+        ..server
+    };
+    let c = Cluster::new(leaf_spine(1, 16, 0, 400e9, 1e-6), one).unwrap();
+    let ring = run_collective(&c, &allreduce(16 << 20, 1), Engine::Auto, 2e-6).unwrap();
+    let h = run_collective(&c, &hier(16 << 20, 1), Engine::Auto, 2e-6).unwrap();
+    assert_eq!(ring.time_s, h.time_s);
 }
 
 #[test]
@@ -163,6 +266,16 @@ fn tree_is_not_symmetric_and_runs_on_the_event_engine() {
     assert_eq!(auto.engine, Engine::Event);
     let e = run_collective(&c, &spec, Engine::Lockstep, 1e-6).unwrap_err();
     assert!(e.to_string().contains("not rank-symmetric"), "{e}");
+    // Nor host by host, on servers of several GPUs.
+    let server = Server {
+        gpus: 4,
+        nics: 4,
+        nvlink_bps: 3.6e12,
+        pcie_bps: 512e9,
+    };
+    let c = Cluster::new(leaf_spine(1, 16, 0, 100e9, 1e-6), server).unwrap();
+    let auto = run_collective(&c, &spec, Engine::Auto, 1e-6).unwrap();
+    assert_eq!(auto.engine, Engine::Event);
 }
 
 #[test]
