@@ -361,6 +361,30 @@ class Communicator:
         w = self._c.group(parts, async_op, self._defer)
         return w if async_op else None
 
+    # -- symmetric memory --------------------------------------------------------------------
+
+    def alloc_window(self, nbytes: int) -> "_monel.Win":
+        """Allocates a symmetric memory window of `nbytes` bytes (NCCL's `ncclMemAlloc` with
+        `ncclCommWindowRegister`). Collective: every rank calls it, with the same size, in the
+        same order as its other operations. The window exports writable bytes through the
+        buffer protocol (`numpy.frombuffer(w, dtype)`, `torch.frombuffer(w, dtype=...)`), and
+        every view keeps it mapped. When all ranks share this host (shared-memory connections
+        between every pair), collectives whose buffers lie in windows on every rank, from
+        4 KiB per rank, run directly between the ranks' memory (`w.shared`); otherwise the
+        window is private memory and they take the ordinary path."""
+        if int(nbytes) < 0:
+            raise InvalidArgumentError(f"alloc_window: {nbytes} bytes")
+        return self._c.alloc_window(int(nbytes))
+
+    def empty(self, shape, dtype: Any = np.float32) -> np.ndarray:
+        """A numpy array of `shape` and `dtype` (a numpy dtype) in a window of its own:
+        `alloc_window` of its size, viewed. Collective, like `alloc_window`."""
+        shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64))
+        w = self.alloc_window(n * dt.itemsize)
+        return np.frombuffer(w, dtype=dt, count=n).reshape(shape)
+
     # -- lifetime --------------------------------------------------------------------------
 
     def split(self, color: Optional[int], key: int = 0) -> Optional["Communicator"]:

@@ -29,7 +29,7 @@ from torch.futures import Future
 import monel
 from monel import InvalidArgumentError
 
-__all__ = ["ProcessGroupMonel", "BACKEND"]
+__all__ = ["ProcessGroupMonel", "BACKEND", "empty"]
 
 BACKEND = "monel"
 
@@ -395,6 +395,31 @@ class ProcessGroupMonel(dist.ProcessGroup):
 
     def abort(self) -> None:
         self.shutdown()
+
+
+def empty(size, dtype: torch.dtype = torch.float32, group=None) -> torch.Tensor:
+    """A CPU tensor of `size` and `dtype` in a symmetric memory window of the Monel process
+    group `group` (default: the world). Collective: every rank of the group calls it, in the
+    same order as its other operations. Collectives on such tensors (or slices of them) run
+    directly between the ranks' memory when the group's ranks share one host (NCCL's
+    `ncclMemAlloc`, torch's symmetric memory); the tensor keeps its window mapped."""
+    pg = group if group is not None else dist.group.WORLD
+    get = getattr(pg, "_get_backend", None)
+    backend = get(torch.device("cpu")) if get is not None else None
+    if not isinstance(backend, ProcessGroupMonel):
+        raise InvalidArgumentError(
+            "monel.torch.empty: the group is not a Monel process group "
+            "(init_process_group(backend='monel'))"
+        )
+    size = (int(size),) if isinstance(size, int) else tuple(int(d) for d in size)
+    n = 1
+    for d in size:
+        n *= d
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    w = backend.comm.alloc_window(n * itemsize)
+    if n == 0:
+        return torch.empty(size, dtype=dtype)
+    return torch.frombuffer(w, dtype=dtype, count=n).view(size)
 
 
 def _create(store, rank, size, timeout):

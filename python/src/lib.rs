@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use monel_ccl::{
     CclError, Collective, CommConfig, Communicator, DataType, ErrorKind, GroupOp, Io, RedOp,
-    UniqueId,
+    UniqueId, Window,
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
@@ -201,11 +201,15 @@ enum Op {
         color: Option<u32>,
         key: i64,
     },
+    AllocWindow {
+        len: usize,
+    },
 }
 
 enum Outcome {
     Done,
     Split(Option<Box<Communicator>>),
+    Window(Window),
 }
 
 /// Completion of one job, shared by the worker and the [`Work`] handle.
@@ -214,6 +218,7 @@ struct Done {
     state: Mutex<Option<Result<(), CclError>>>,
     cv: Condvar,
     split: Mutex<Option<Communicator>>,
+    window: Mutex<Option<Window>>,
 }
 
 impl Done {
@@ -312,6 +317,7 @@ fn run_op(c: &mut Communicator, op: Op) -> Result<Outcome, CclError> {
             c.group(ops).map(|()| Outcome::Done)
         }
         Op::Split { color, key } => c.split(color, key).map(|s| Outcome::Split(s.map(Box::new))),
+        Op::AllocWindow { len } => c.alloc_window(len).map(Outcome::Window),
     }
 }
 
@@ -387,6 +393,13 @@ impl Queue {
                     .split
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner) = s.map(|b| *b);
+                Ok(())
+            }
+            Ok(Outcome::Window(w)) => {
+                *job.done
+                    .window
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(w);
                 Ok(())
             }
             Err(e) => Err(e),
@@ -829,6 +842,27 @@ impl Comm {
         Ok(c.map(Self::start))
     }
 
+    /// Allocates a symmetric memory window of `nbytes` (collective: every rank calls it, in
+    /// the same order as its other operations). Collectives whose buffers lie in windows on
+    /// every rank of a one-host communicator run directly between the ranks' memory.
+    fn alloc_window(&self, py: Python<'_>, nbytes: usize) -> PyResult<Win> {
+        let w = self.submit(
+            py,
+            Op::AllocWindow { len: nbytes },
+            Vec::new(),
+            false,
+            false,
+        )?;
+        let win = w
+            .done
+            .window
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .ok_or_else(|| invalid("alloc_window: no window came back"))?;
+        Ok(Win { w: win })
+    }
+
     /// Destroys the communicator: waits for queued operations, then closes its connections.
     fn destroy(&mut self, py: Python<'_>) {
         if let Some(q) = self.queue.take() {
@@ -858,6 +892,75 @@ impl Drop for Comm {
     }
 }
 
+/// A symmetric memory window (the native object behind `Communicator.alloc_window`): bytes
+/// that every rank of the communicator maps when they share one host. It exports them through
+/// the buffer protocol, writable (`memoryview(w)`, `numpy.frombuffer(w, dtype)`,
+/// `torch.frombuffer(w, dtype=...)`); every view holds the window, so the mapping outlives the
+/// last one.
+#[pyclass(module = "monel._monel", frozen)]
+struct Win {
+    w: Window,
+}
+
+#[pymethods]
+impl Win {
+    /// Bytes in the window.
+    fn __len__(&self) -> usize {
+        self.w.len()
+    }
+    /// True when every rank maps every rank's window (collectives on it run directly);
+    /// otherwise it is private memory and collectives on it take the ordinary path.
+    #[getter]
+    fn shared(&self) -> bool {
+        self.w.is_shared()
+    }
+    /// The window's number in its communicator (allocation order).
+    #[getter]
+    fn id(&self) -> usize {
+        self.w.id()
+    }
+
+    /// Exports the window's bytes, writable.
+    #[allow(unsafe_code)]
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: std::os::raw::c_int,
+    ) -> PyResult<()> {
+        let (ptr, len) = {
+            let w = &slf.get().w;
+            (w.as_ptr().cast_mut(), w.len())
+        };
+        let len = isize::try_from(len).map_err(|_| invalid("window too large to export"))?;
+        // SAFETY: `view` is the caller's Py_buffer to fill (the buffer protocol's contract);
+        // `ptr..ptr + len` is the window's mapping, which lives as long as this object, and
+        // PyBuffer_FillInfo takes a reference to it (the view's `obj`) until the view is
+        // released. Writers race only as with any buffer a collective is given.
+        let r =
+            unsafe { pyo3::ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr.cast(), len, 0, flags) };
+        if r == -1 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    #[allow(unsafe_code)]
+    unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {}
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<monel window {} of {} bytes, {}>",
+            self.w.id(),
+            self.w.len(),
+            if self.w.is_shared() {
+                "shared"
+            } else {
+                "private"
+            }
+        )
+    }
+}
+
 /// Starts a rendezvous on `bind` ("ip:port", port 0 picks one) served by this process, and
 /// returns the unique id every rank passes to `Communicator(size, rank, unique_id)`.
 #[pyfunction]
@@ -877,6 +980,7 @@ fn _monel(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<Comm>()?;
     m.add_class::<Work>()?;
+    m.add_class::<Win>()?;
     m.add_function(wrap_pyfunction!(create_unique_id, m)?)?;
     m.add("MonelError", py.get_type::<MonelError>())?;
     m.add(

@@ -69,3 +69,16 @@ def test_unique_id_errors_are_bootstrap_errors():
     assert np.array_equal(x, np.arange(4, dtype=np.float32))
     assert issubclass(monel.CommTimeoutError, monel.MonelError)
     c.destroy()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_arrays_in_windows_reduce_directly(n):
+    outs = run_ranks("windows", n, timeout=120, env={"MONEL_DEBUG": "INFO"})
+    assert_ok(outs)
+    assert all(r["ok"] for r in results(outs))
+    for _, _, err in outs:
+        # The window calls went direct; the ordinary one took an algorithm.
+        assert err.count("via window") >= 4, err
+        assert "count 5000 float op sum via" in err and "via window" not in [
+            line for line in err.splitlines() if "count 5000 " in line
+        ][0], err

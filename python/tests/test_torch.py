@@ -18,6 +18,14 @@ def test_every_torch_collective(n):
     assert all(r["ok"] for r in results(outs))
 
 
+def test_tensors_in_windows_reduce_directly():
+    outs = run_ranks("torch_windows", 2, timeout=120, env={"MONEL_DEBUG": "INFO"})
+    assert_ok(outs)
+    assert all(r["ok"] for r in results(outs))
+    for _, _, err in outs:
+        assert err.count("via window") >= 4, err
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_fsdp_matches_single_process_training(n):
     outs = run_ranks("fsdp_train", n, timeout=180)

@@ -209,6 +209,80 @@ def dead_peer():
     raise AssertionError("the dead peer went unnoticed")
 
 
+def windows():
+    """Arrays in symmetric memory windows: collectives on them (whole, out of place, a slice
+    of a bigger window) give exact results and take the direct path (the test reads the
+    MONEL_DEBUG=INFO log); views keep a window mapped after the window object is gone."""
+    import gc
+
+    c = monel.Communicator.from_env()
+    r, n = c.rank, c.size
+    tri = n * (n + 1) // 2
+    a = c.empty((3, 50_000), np.float32)
+    assert isinstance(a, np.ndarray) and a.shape == (3, 50_000) and a.dtype == np.float32
+    base = (np.arange(150_000) % 7).reshape(3, 50_000)
+    a[:] = base * (r + 1)
+    c.all_reduce(a)
+    assert np.array_equal(a, base * tri), a
+    b = c.empty(150_000, np.float32)
+    c.all_reduce(a, out=b.reshape(3, 50_000), op="max")
+    assert np.array_equal(b.reshape(3, 50_000), base * tri)
+    # A bucket inside a bigger window: the bytes around it stay as they were.
+    w = c.alloc_window(1 << 20)
+    assert len(w) == 1 << 20 and w.shared, w
+    v = np.frombuffer(w, np.float64)
+    v[:] = r + 1
+    c.all_reduce(v[1000:9000])
+    assert (v[1000:9000] == tri).all() and (v[:1000] == r + 1).all() and (v[9000:] == r + 1).all()
+    # The view holds the window: dropping the object unmaps nothing.
+    del w
+    gc.collect()
+    v[:] = 2.0
+    c.all_reduce(v, op="prod")
+    assert (v == 2.0 ** n).all()
+    # An empty array, and a bad size.
+    e = c.empty(0, np.float32)
+    assert e.shape == (0,)
+    try:
+        c.alloc_window(-1)
+        raise AssertionError("a negative size was accepted")
+    except monel.InvalidArgumentError:
+        pass
+    # Ordinary buffers on the same communicator keep the ordinary path.
+    o = np.full(5000, float(r), np.float32)
+    c.all_reduce(o)
+    assert (o == sum(range(n))).all()
+    print(json.dumps({"rank": r, "ok": True}))
+
+
+def torch_windows():
+    import torch
+    import torch.distributed as dist
+    import monel.torch
+
+    dist.init_process_group("monel")
+    r, n = dist.get_rank(), dist.get_world_size()
+    for dt in (torch.float32, torch.bfloat16, torch.int64):
+        t = monel.torch.empty((64, 100), dtype=dt)
+        assert t.shape == (64, 100) and t.dtype == dt
+        t.copy_((torch.arange(6400).reshape(64, 100) % 5 + r).to(dt))
+        dist.all_reduce(t)
+        want = (torch.arange(6400).reshape(64, 100) % 5 * n + sum(range(n))).to(dt)
+        assert torch.equal(t, want), (dt, t)
+    # async, as DDP issues them
+    t = monel.torch.empty(10_000)
+    t.fill_(float(r + 1))
+    dist.all_reduce(t, op=dist.ReduceOp.AVG, async_op=True).wait()
+    assert torch.allclose(t, torch.full((10_000,), (n + 1) / 2))
+    try:
+        monel.torch.empty(10, group=object())
+        raise AssertionError("a foreign group was accepted")
+    except monel.InvalidArgumentError as e:
+        assert "Monel process group" in str(e), e
+    print(json.dumps({"rank": r, "ok": True}))
+    dist.destroy_process_group()
+
+
 def torch_collectives():
     import torch
     import torch.distributed as dist
