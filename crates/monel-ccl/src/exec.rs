@@ -110,6 +110,8 @@ pub(crate) struct Pool {
     /// Staging for reducing receives, one per peer (one receive per peer is in flight).
     stages: Vec<Vec<u8>>,
     early: Vec<bool>,
+    /// Per peer, one past the last step that sends to or receives from it (0: none).
+    last: Vec<usize>,
     driven: Vec<u8>,
     armed: Vec<(usize, i32, PollFlags)>,
 }
@@ -457,8 +459,11 @@ pub(crate) fn gave_up_in(links: &Links, peer: usize, seq: u64) -> bool {
 }
 
 /// Looks at a link this step does not read from: a peer's abort, goodbye or death shows
-/// here. Returns true if data for a later step waits there (do not poll it again).
-fn watch_idle(ctx: &mut Ctx<'_>, peer: usize) -> Result<bool> {
+/// here. Returns true if data for a later step waits there, or the link ended after the
+/// peer's part in this call (`done_with`: what this step exchanges with it is done and no
+/// later step sends to it or receives from it; a peer that finished its part and left is
+/// no failure of this call, the next call sees it): do not poll it again.
+fn watch_idle(ctx: &mut Ctx<'_>, peer: usize, done_with: bool) -> Result<bool> {
     let name = ctx.name;
     let link = ctx.links.link(peer)?;
     let mut b = [0u8; HEADER_LEN];
@@ -476,6 +481,7 @@ fn watch_idle(ctx: &mut Ctx<'_>, peer: usize) -> Result<bool> {
             }
             _ => Ok(true),
         },
+        Err(_) if done_with => Ok(true),
         Err(e) => Err(lost(peer, &name.what(), &e)),
     }
 }
@@ -505,6 +511,7 @@ pub(crate) fn run(
         recvs,
         stages,
         early,
+        last,
         driven,
         armed,
     } = pool;
@@ -512,7 +519,19 @@ pub(crate) fn run(
     early.clear();
     early.resize(npeers, false);
     driven.resize(npeers, 0);
-    for step in &sched.steps {
+    last.clear();
+    last.resize(npeers, 0);
+    for (i, step) in sched.steps.iter().enumerate() {
+        for op in &step.ops {
+            if let Op::Send { peer, .. } | Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } = *op
+            {
+                if let Some(l) = last.get_mut(peer) {
+                    *l = i + 1;
+                }
+            }
+        }
+    }
+    for (now_at, step) in sched.steps.iter().enumerate() {
         for op in &step.ops {
             match *op {
                 Op::Copy { src, dst } => bufs.copy(src, dst)?,
@@ -637,7 +656,7 @@ pub(crate) fn run(
                     Some(f) => armed.push((p, l.fd(), f)),
                     None if idle && !write => {
                         // Something waits on a link this step does not read: look at it.
-                        early[p] = watch_idle(ctx, p)?;
+                        early[p] = watch_idle(ctx, p, last[p] <= now_at + 1)?;
                         ready = true;
                     }
                     None => ready = true,
@@ -671,7 +690,7 @@ pub(crate) fn run(
             // An idle link that became readable: a peer's abort, goodbye or death, or data
             // for a later step (not watched again this step).
             for p in woke {
-                early[p] = watch_idle(ctx, p)?;
+                early[p] = watch_idle(ctx, p, last[p] <= now_at + 1)?;
             }
             idle_since = None;
         }

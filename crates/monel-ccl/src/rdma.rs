@@ -15,7 +15,7 @@ use std::io::{self, Read};
 use std::net::{IpAddr, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use monel_verbs::{
     AccessFlags, CompletionQueue, ConnectParams, Context, ContextConfig, Device, Gid, MemoryRegion,
@@ -726,6 +726,31 @@ impl RdmaLink {
     /// The QP's counters (retransmissions, RNR, sequence errors), for diagnostics.
     pub fn stats(&self) -> Option<monel_verbs::QpStats> {
         self.st.borrow().qp.stats().ok()
+    }
+}
+
+/// How long a closing link waits for its last writes to be acknowledged.
+const FLUSH_ON_CLOSE: Duration = Duration::from_secs(2);
+
+impl Drop for RdmaLink {
+    /// Closing a link ends its TCP connection, which the peer reads as the end of the data:
+    /// first let the writes already posted reach the peer (their completions come back only
+    /// once the peer acknowledged them), within [`FLUSH_ON_CLOSE`], unless the peer closed
+    /// first (it acknowledges nothing more).
+    fn drop(&mut self) {
+        let until = Instant::now() + FLUSH_ON_CLOSE;
+        let mut st = self.st.borrow_mut();
+        while st.sq_done < st.sq_posted && st.failed.is_none() && Instant::now() < until {
+            st.drain();
+            if st.sq_done == st.sq_posted {
+                break;
+            }
+            self.watch_tcp(&mut st);
+            if st.eof {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
     }
 }
 

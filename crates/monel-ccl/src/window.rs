@@ -166,7 +166,10 @@ pub(crate) const CTL_LEN: usize = 4096;
 #[derive(Default)]
 pub(crate) struct Windows {
     ctl: Option<Region>,
-    list: Vec<Weak<Region>>,
+    /// The windows still alive, by id (freed ones are pruned as new ones come).
+    live: Vec<(usize, Weak<Region>)>,
+    /// Windows made so far: the next one's id.
+    made: usize,
     meetings: u64,
 }
 
@@ -183,10 +186,26 @@ impl Windows {
     }
     /// The id the next window gets.
     pub(crate) fn next_id(&self) -> usize {
-        self.list.len()
+        self.made
     }
+    /// Registers a new window (its id is [`Self::next_id`]) and forgets freed ones, so a
+    /// program that allocates windows over and over keeps the list as short as its live set.
     pub(crate) fn push(&mut self, r: &Arc<Region>) {
-        self.list.push(Arc::downgrade(r));
+        self.live.retain(|(_, w)| w.strong_count() > 0);
+        self.live.push((r.id, Arc::downgrade(r)));
+        self.made = self.made.max(r.id + 1);
+    }
+    /// The live window of id `id`.
+    fn get(&self, id: usize) -> Option<Arc<Region>> {
+        self.live
+            .iter()
+            .find(|(i, _)| *i == id)
+            .and_then(|(_, w)| w.upgrade())
+    }
+    /// Windows the list holds (freed ones included until the next [`Self::push`]).
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.live.len()
     }
 
     /// Where `buf` lies in a live shared window of this rank; `None` when it is not in one.
@@ -196,12 +215,15 @@ impl Windows {
             return Some(None);
         }
         self.ctl.as_ref()?;
-        self.list.iter().filter_map(Weak::upgrade).find_map(|w| {
-            w.shared()
-                .then(|| w.offset_of(ptr, len))
-                .flatten()
-                .map(|o| Some((w.id, o)))
-        })
+        self.live
+            .iter()
+            .filter_map(|(_, w)| w.upgrade())
+            .find_map(|w| {
+                w.shared()
+                    .then(|| w.offset_of(ptr, len))
+                    .flatten()
+                    .map(|o| Some((w.id, o)))
+            })
     }
 }
 
@@ -394,8 +416,7 @@ fn work(w: &Windows, c: &mut Call<'_>, all: &[&Ctl], op: RedOp, root: usize) -> 
         let off = all[j].desc[k + 1].load(Ordering::Relaxed) as usize;
         let region = usize::try_from(id - 1)
             .ok()
-            .and_then(|i| w.list.get(i))
-            .and_then(Weak::upgrade)
+            .and_then(|i| w.get(i))
             .ok_or_else(|| {
                 CclError::new(
                     ErrorKind::Mismatch,
@@ -577,6 +598,34 @@ mod tests {
             assert_eq!(e.kind, ErrorKind::Mismatch);
             assert_eq!(e.ranks, vec![3], "{off} {len}");
         }
+    }
+
+    #[test]
+    fn freed_windows_leave_the_list_and_ids_keep_counting() {
+        let mut w = Windows::default();
+        let make = |id| {
+            Arc::new(Region::new(
+                id,
+                64,
+                Segment::anonymous(HEADER + 64).unwrap(),
+                vec![None],
+            ))
+        };
+        let kept = make(w.next_id());
+        w.push(&kept);
+        for _ in 0..100 {
+            let r = make(w.next_id());
+            w.push(&r);
+        }
+        assert_eq!(w.next_id(), 101);
+        let last = make(w.next_id());
+        w.push(&last);
+        // The hundred freed ones are gone; the ids go on.
+        assert_eq!(w.held(), 2);
+        assert_eq!(w.get(0).map(|r| r.id), Some(0));
+        assert_eq!(w.get(101).map(|r| r.id), Some(101));
+        assert!(w.get(50).is_none());
+        assert_eq!(w.next_id(), 102);
     }
 
     #[test]

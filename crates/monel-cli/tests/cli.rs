@@ -426,3 +426,45 @@ fn fabric_plan_takes_an_algorithm_and_refuses_one_the_collective_lacks() {
         "{out}"
     );
 }
+
+/// The raw UDP bandwidth baseline runs with contiguous datagrams and with each one gathered
+/// from three pieces (`--gather`, the soft RNIC's layout); the receiver counts what arrived.
+#[test]
+fn udp_bandwidth_baselines_run_contiguous_and_gathered() {
+    for (i, extra) in [None, Some("--gather")].into_iter().enumerate() {
+        let port = (18850 + i).to_string();
+        let mut args = vec![
+            "perf",
+            "udp-bw",
+            "-d",
+            "127.0.1.4",
+            "-p",
+            &port,
+            "-n",
+            "200",
+        ];
+        args.extend(extra);
+        let srv = spawn(&args);
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        args[3] = "127.0.1.5";
+        args.push("127.0.1.4");
+        let (code, out) = monel(&args);
+        assert_eq!(code, 0, "{extra:?}: {out}");
+        assert_eq!(
+            out.contains("(gathered: header, payload, trailer)"),
+            extra.is_some(),
+            "{extra:?}: {out}"
+        );
+        // Some bytes arrived and the receiver said how many.
+        let pct: f64 = out
+            .split('(')
+            .next_back()
+            .and_then(|s| s.split('%').next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{extra:?}: no delivered share in {out}"));
+        assert!(pct > 0.0 && pct <= 100.0, "{extra:?}: {out}");
+        let (code, sout) = finish(srv);
+        assert_eq!(code, 0, "{extra:?} server: {sout}");
+        assert!(sout.contains("udp-bw receiver:"), "{sout}");
+    }
+}
