@@ -448,6 +448,13 @@ impl Communicator {
                 "rank {rank} of {nranks}: want 0 <= rank < nranks"
             )));
         }
+        // Frame headers carry a root in 24 bits.
+        if nranks > 1 << 24 {
+            return Err(CclError::invalid(format!(
+                "{nranks} ranks: at most {} per communicator",
+                1 << 24
+            )));
+        }
         let deadline = Instant::now() + cfg.timeout;
         // Listen on the local address the root is reached from (the root may not be up
         // yet: retry until the deadline).
@@ -866,7 +873,7 @@ impl Communicator {
             }
         };
         let mut bufs = bufs.with_scratch(std::mem::take(&mut self.scratch));
-        let sig = self.begin(coll, dtype, count);
+        let sig = self.begin(coll, dtype, count, Some(algo));
         if self.cfg.debug {
             eprintln!(
                 "monel INFO rank {r}: {} via {} ({} steps)",
@@ -887,8 +894,15 @@ impl Communicator {
         self.conclude(sig, res)
     }
 
-    /// Starts a collective: the next sequence number, its signature, the status "running".
-    fn begin(&mut self, coll: Collective, dtype: DataType, count: usize) -> Signature {
+    /// Starts a collective: the next sequence number, its signature (with the algorithm
+    /// its messages follow, if any), the status "running".
+    fn begin(
+        &mut self,
+        coll: Collective,
+        dtype: DataType,
+        count: usize,
+        algo: Option<Algorithm>,
+    ) -> Signature {
         self.seq += 1;
         let sig = Signature {
             seq: self.seq,
@@ -897,6 +911,7 @@ impl Communicator {
             op: coll.op().unwrap_or(RedOp::Sum).code(),
             root: coll.root().unwrap_or(0) as u32,
             count: count as u64,
+            algo: algo.map_or(0, Algorithm::code),
         };
         let mut st = self.status.lock().unwrap_or_else(PoisonError::into_inner);
         st.seq = self.seq;
@@ -944,7 +959,7 @@ impl Communicator {
         send: (*const u8, Loc, usize),
         recv: (*mut u8, Loc, usize),
     ) -> Result<()> {
-        let sig = self.begin(coll, dtype, count);
+        let sig = self.begin(coll, dtype, count, None);
         if self.cfg.debug {
             eprintln!(
                 "monel INFO rank {}: {} via window (loads and stores between the ranks' \
@@ -1169,6 +1184,7 @@ impl Communicator {
             op: 0,
             root: 0,
             count: 0,
+            algo: 0,
         };
         let e = CclError::new(
             ErrorKind::RemoteAbort,
@@ -1552,6 +1568,7 @@ impl Communicator {
             op: 0,
             root: 0,
             count: total as u64,
+            algo: 0,
         };
         {
             let mut st = self.status.lock().unwrap_or_else(PoisonError::into_inner);
@@ -1664,6 +1681,7 @@ impl Drop for Communicator {
                 op: 0,
                 root: 0,
                 count: 0,
+                algo: 0,
             };
             exec::send_close(&mut self.links, sig);
         }

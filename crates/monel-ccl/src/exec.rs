@@ -12,6 +12,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use crate::buffers::Buffers;
 use crate::error::{CclError, ErrorKind, Result};
 use crate::link::{FRAME_ABORT, FRAME_CLOSE, FRAME_DATA, HEADER_LEN, Header, Link, Signature};
+use crate::plan::Algorithm;
 use crate::schedule::{Op, Schedule, Span};
 
 /// Largest payload per frame: bigger messages go as several frames.
@@ -84,6 +85,7 @@ impl Ctx<'_> {
             op: 0,
             root: 0,
             count: bytes as u64,
+            algo: 0,
         }
     }
 }
@@ -361,15 +363,7 @@ impl RecvSt {
             _ => {}
         }
         if h.sig != self.sig {
-            return Err(CclError::new(
-                ErrorKind::Mismatch,
-                format!(
-                    "mismatch: this rank called {} but rank {p} called {}",
-                    (ctx.name.describe)(&self.sig),
-                    (ctx.name.describe)(&h.sig)
-                ),
-            )
-            .with_ranks(vec![p]));
+            return Err(sig_mismatch(ctx.name, &self.sig, &h.sig, p));
         }
         if h.len as usize > self.total - self.got {
             return Err(CclError::new(
@@ -458,6 +452,33 @@ pub(crate) fn gave_up_in(links: &Links, peer: usize, seq: u64) -> bool {
         })
 }
 
+/// The error for a frame from rank `p` whose signature `theirs` differs from this rank's
+/// `mine`: another collective, type, count, root or operation, or the same call run with
+/// another algorithm.
+fn sig_mismatch(name: Name<'_>, mine: &Signature, theirs: &Signature, p: usize) -> CclError {
+    let message = if *theirs
+        == (Signature {
+            algo: theirs.algo,
+            ..*mine
+        }) {
+        let algo = |c| Algorithm::from_code(c).map_or("no algorithm", Algorithm::name);
+        format!(
+            "mismatch: this rank runs {} with {} but rank {p} with {} (MONEL_ALGO or \
+             set_algorithm differ between the ranks)",
+            (name.describe)(mine),
+            algo(mine.algo),
+            algo(theirs.algo)
+        )
+    } else {
+        format!(
+            "mismatch: this rank called {} but rank {p} called {}",
+            (name.describe)(mine),
+            (name.describe)(theirs)
+        )
+    };
+    CclError::new(ErrorKind::Mismatch, message).with_ranks(vec![p])
+}
+
 /// Looks at a link this step does not read from: a peer's abort, goodbye or death shows
 /// here. Returns true if data for a later step waits there, or the link ended after the
 /// peer's part in this call (`done_with`: what this step exchanges with it is done and no
@@ -478,6 +499,26 @@ fn watch_idle(ctx: &mut Ctx<'_>, peer: usize, done_with: bool) -> Result<bool> {
             Some(h) if h.kind == FRAME_CLOSE => {
                 ctx.links.closed[peer] = true;
                 Ok(true)
+            }
+            // Data of this very call (not of a later one the peer already began): it must
+            // be the call this rank runs, and one a later step of it takes. A peer on
+            // another schedule would otherwise leave it waiting here until the timeout.
+            Some(h) if ctx.p2p.is_none() && h.sig.seq == name.sig.seq => {
+                if h.sig != name.sig {
+                    Err(sig_mismatch(name, &name.sig, &h.sig, peer))
+                } else if done_with {
+                    Err(CclError::new(
+                        ErrorKind::Mismatch,
+                        format!(
+                            "{}: rank {peer} sent a message that this rank's schedule does \
+                             not take (the ranks run different schedules)",
+                            name.what()
+                        ),
+                    )
+                    .with_ranks(vec![peer]))
+                } else {
+                    Ok(true)
+                }
             }
             _ => Ok(true),
         },

@@ -145,8 +145,13 @@ pub(crate) struct Signature {
     pub(crate) coll: u8,
     pub(crate) dtype: u8,
     pub(crate) op: u8,
+    /// Below 2^24 (the header keeps 24 bits).
     pub(crate) root: u32,
     pub(crate) count: u64,
+    /// The algorithm the sender runs ([`crate::plan::Algorithm::code`]; 0: none, as for
+    /// point-to-point messages and control frames): ranks that chose differently find out
+    /// at the first message, even where the schedules would exchange the same sizes.
+    pub(crate) algo: u8,
 }
 
 /// A frame header.
@@ -167,7 +172,8 @@ impl Header {
         b[7] = self.sig.op;
         b[8..16].copy_from_slice(&self.sig.seq.to_le_bytes());
         b[16..24].copy_from_slice(&self.sig.count.to_le_bytes());
-        b[24..28].copy_from_slice(&self.sig.root.to_le_bytes());
+        b[24..27].copy_from_slice(&self.sig.root.to_le_bytes()[..3]);
+        b[27] = self.sig.algo;
         b[28..32].copy_from_slice(&self.len.to_le_bytes());
         b
     }
@@ -183,7 +189,8 @@ impl Header {
                 op: b[7],
                 seq: u64_at(8),
                 count: u64_at(16),
-                root: u32_at(24),
+                root: u32_at(24) & 0x00ff_ffff,
+                algo: b[27],
             },
             len: u32_at(28),
         })
@@ -205,6 +212,7 @@ mod tests {
                 op: 0,
                 root: 3,
                 count: 1 << 40,
+                algo: 5,
             },
             len: 4096,
         };

@@ -170,6 +170,17 @@ impl Algorithm {
             Self::Hier => "hier",
         }
     }
+    /// A nonzero byte for frame headers: the place in [`Self::ALL`] plus one.
+    pub fn code(self) -> u8 {
+        Self::ALL
+            .iter()
+            .position(|&a| a == self)
+            .map_or(0, |i| i as u8 + 1)
+    }
+    /// The algorithm of a [`Self::code`]; `None` for 0 and unknown codes.
+    pub fn from_code(c: u8) -> Option<Self> {
+        Self::ALL.get(usize::from(c).checked_sub(1)?).copied()
+    }
     /// Parses a name.
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL

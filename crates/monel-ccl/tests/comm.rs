@@ -253,6 +253,72 @@ fn mismatched_collectives_fail_on_every_rank() {
     );
 }
 
+/// A rank that forces another algorithm at run time (`set_algorithm` on some ranks only)
+/// fails the call on every rank, the mismatch naming both algorithms. Before frames said
+/// which algorithm their sender runs, of the 60 pairings on 2-4 ranks 8 ran through on 2
+/// ranks (right sums by luck), 4 returned on some ranks only, with wrong sums on some
+/// (direct against doubling, 3 and 4 ranks), and 8 hung until the timeout (ring against
+/// halving on 4 ranks: data on a link the step does not read was taken for a later step's).
+#[test]
+fn ranks_that_force_different_algorithms_fail_on_every_rank() {
+    use Algorithm::{Direct, Doubling, Halving, Ring, Tree};
+    for (n, mine, odd) in [
+        (2, Ring, Halving),
+        (2, Direct, Doubling),
+        (3, Direct, Doubling),
+        (3, Ring, Doubling),
+        (3, Tree, Halving),
+        (4, Direct, Doubling),
+        (4, Ring, Halving),
+        (4, Tree, Ring),
+    ] {
+        let t0 = Instant::now();
+        let errs = ranks(n, Duration::from_secs(10), move |c| {
+            let last = c.rank() + 1 == n;
+            c.set_algorithm(Some(if last { odd } else { mine }));
+            let count = 1024;
+            let mut b = f32s((0..count).map(|i| (i % 5) as f32));
+            let res = c.all_reduce_in_place(&mut b, count, DataType::F32, RedOp::Sum);
+            // Not an error: then at least the sums must be right.
+            res.err().ok_or_else(|| {
+                let want: Vec<f32> = (0..count).map(|i| (i % 5) as f32 * n as f32).collect();
+                to_f32(&b) == want
+            })
+        });
+        assert!(
+            t0.elapsed() < Duration::from_secs(8),
+            "{mine:?}/{odd:?}: errors must come before the timeout"
+        );
+        let errs: Vec<_> = errs
+            .into_iter()
+            .enumerate()
+            .map(|(r, e)| {
+                e.unwrap_or_else(|right| {
+                    panic!("{mine:?}/{odd:?}: rank {r} succeeded (sums right: {right})")
+                })
+            })
+            .collect();
+        for (r, e) in errs.iter().enumerate() {
+            assert!(
+                matches!(e.kind, ErrorKind::Mismatch | ErrorKind::RemoteAbort),
+                "{mine:?}/{odd:?}: rank {r}: {e}"
+            );
+        }
+        let m = errs
+            .iter()
+            .find(|e| e.kind == ErrorKind::Mismatch)
+            .expect("someone saw the mismatch");
+        let names = [mine.name(), odd.name()];
+        assert!(
+            names
+                .iter()
+                .all(|a| m.message.contains(&format!("with {a}")))
+                && m.message.contains("set_algorithm"),
+            "{m}"
+        );
+    }
+}
+
 #[test]
 fn a_missing_rank_is_named_with_where_it_was() {
     for mode in [Mode::Shm(64 << 10), Mode::Rdma(1 << 20), Mode::Tcp] {
