@@ -245,6 +245,9 @@ pub struct Communicator {
     paths: Vec<String>,
     /// Schedules built before, by call shape.
     schedules: HashMap<SchedKey, Arc<Schedule>, BuildHasherDefault<Fnv>>,
+    /// The cost model's choices for recent call shapes (collective code, bytes), direct
+    /// mapped: a repeated call skips pricing every algorithm. Emptied when the model changes.
+    choices: [Option<(u8, usize, Algorithm)>; CHOICES],
     /// Executor state and scratch kept between calls.
     pool: Pool,
     scratch: Vec<u8>,
@@ -638,6 +641,7 @@ impl Communicator {
             failed: None,
             paths,
             schedules: HashMap::default(),
+            choices: [None; CHOICES],
             pool: Pool::default(),
             scratch: Vec::new(),
             p2p_sent: vec![0; nranks],
@@ -699,6 +703,7 @@ impl Communicator {
         }
         self.costs = costs;
         self.hosts = hosts;
+        self.choices = [None; CHOICES];
         Ok(())
     }
 
@@ -740,6 +745,28 @@ impl Communicator {
     /// cost model choose again (`None`).
     pub fn set_algorithm(&mut self, algo: Option<Algorithm>) {
         self.cfg.algo = algo;
+    }
+
+    /// [`Self::algorithm_for`], remembering the cost model's answer for the call's shape.
+    fn choose_cached(&mut self, coll: Collective, dtype: DataType, count: usize) -> Algorithm {
+        let forced = self.cfg.deterministic && matches!(coll, Collective::AllReduce(_))
+            || self
+                .cfg
+                .algo
+                .is_some_and(|a| coll.algorithms().contains(&a));
+        if forced {
+            return self.algorithm_for(coll, dtype, count);
+        }
+        let (code, bytes) = (coll_code(coll), count * dtype.size());
+        let slot = (bytes.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58 ^ usize::from(code)) % CHOICES;
+        match self.choices[slot] {
+            Some((c, b, a)) if c == code && b == bytes => a,
+            _ => {
+                let a = self.algorithm_for(coll, dtype, count);
+                self.choices[slot] = Some((code, bytes, a));
+                a
+            }
+        }
     }
 
     /// The algorithm a call would use.
@@ -840,7 +867,7 @@ impl Communicator {
                 Buffers::in_place(&mut buf[..len * es], io_, oo, dtype, op, n)
             }
         };
-        let algo = self.algorithm_for(coll, dtype, count);
+        let algo = self.choose_cached(coll, dtype, count);
         let slice = (self.cfg.chunk / es).max(1);
         let key = SchedKey {
             coll: coll_code(coll),
@@ -1602,7 +1629,8 @@ impl Communicator {
                 sig,
                 describe: &describe_sig,
             },
-            deadline: Instant::now() + self.cfg.timeout,
+            timeout: self.cfg.timeout,
+            deadline: None,
             spin: self.cfg.spin,
             yield_every: self.yield_every,
             p2p: p2p.then_some(P2pSeqs {
@@ -1613,6 +1641,9 @@ impl Communicator {
         exec::run(&mut ctx, sched, bufs, &mut self.pool)
     }
 }
+
+/// Entries of [`Communicator`]'s cache of algorithm choices.
+const CHOICES: usize = 64;
 
 /// Bytes of a unique id's text in [`Communicator::split`]'s exchange.
 const ID_LEN: usize = 128;

@@ -46,7 +46,11 @@ pub(crate) struct Ctx<'a> {
     pub(crate) links: &'a mut Links,
     /// The collective's signature, and how to name it in messages.
     pub(crate) name: Name<'a>,
-    pub(crate) deadline: Instant,
+    /// How long the call may wait, counted from its first wait (a call that never waits
+    /// reads no clock for it).
+    pub(crate) timeout: std::time::Duration,
+    /// Set at the first wait: when the call gives up.
+    pub(crate) deadline: Option<Instant>,
     /// How long to poll without sleeping when nothing moves.
     pub(crate) spin: std::time::Duration,
     /// Yield the CPU every this many idle rounds: 1 when this host has more ranks than
@@ -662,7 +666,8 @@ pub(crate) fn run(
                 continue;
             }
             let now = Instant::now();
-            if now >= ctx.deadline {
+            let deadline = *ctx.deadline.get_or_insert(now + ctx.timeout);
+            if now >= deadline {
                 let waiting: Vec<usize> = (0..npeers).filter(|&p| driven[p] != 0).collect();
                 return Err(CclError::new(
                     ErrorKind::Timeout,
@@ -712,7 +717,7 @@ pub(crate) fn run(
                     .iter()
                     .map(|&(_, fd, f)| PollFd::new(unsafe { BorrowedFd::borrow_raw(fd) }, f))
                     .collect();
-                let ms = (ctx.deadline - now).as_millis().clamp(1, 100) as u16;
+                let ms = (deadline - now).as_millis().clamp(1, 100) as u16;
                 let _ = poll(&mut fds, PollTimeout::from(ms));
                 woke = armed
                     .iter()

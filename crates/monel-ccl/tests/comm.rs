@@ -797,3 +797,40 @@ fn reductions_out_of_a_ring_survive_elements_split_by_its_wrap() {
         });
     }
 }
+
+/// Calls take the algorithm the cost model gives for their shape, whether the choice is
+/// priced afresh or remembered from an earlier call of that shape (more shapes than the
+/// cache holds, each twice, in two orders, so slots are shared and overwritten).
+#[test]
+fn remembered_choices_match_the_cost_model() {
+    let out = ranks(3, Duration::from_secs(20), |c| {
+        let mut counts: Vec<usize> = (0..150).map(|i| 1 + i * 37 + (i * i) % 101).collect();
+        counts.extend(counts.clone().into_iter().rev());
+        counts.extend([1 << 16, 1 << 18, 1 << 16]);
+        let mut bad = Vec::new();
+        for &count in &counts {
+            let mine = f32s((0..count).map(|i| (i % 3) as f32));
+            let mut sum = vec![0u8; count * 4];
+            c.all_reduce(&mine, &mut sum, count, DataType::F32, RedOp::Sum)
+                .unwrap();
+            let want = c.algorithm_for(Collective::AllReduce(RedOp::Sum), DataType::F32, count);
+            if c.last_path() != want.name() {
+                bad.push((count, c.last_path(), want.name()));
+            }
+            assert_eq!(to_f32(&sum)[count - 1], ((count - 1) % 3) as f32 * 3.0);
+        }
+        let picked: std::collections::BTreeSet<&str> = counts
+            .iter()
+            .map(|&n| {
+                c.algorithm_for(Collective::AllReduce(RedOp::Sum), DataType::F32, n)
+                    .name()
+            })
+            .collect();
+        (bad, picked)
+    });
+    for (r, (bad, picked)) in out.into_iter().enumerate() {
+        assert!(bad.is_empty(), "rank {r}: {bad:?}");
+        // The sizes span more than one algorithm, so a stale choice would show.
+        assert!(picked.len() >= 2, "rank {r}: {picked:?}");
+    }
+}
