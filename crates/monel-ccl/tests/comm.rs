@@ -220,6 +220,20 @@ fn every_collective_over_every_transport() {
     }
 }
 
+/// Checks that every rank failed with the mismatch or with a peer's abort (`what` prefixes
+/// the messages) and returns the error of a rank that saw the mismatch itself.
+fn the_mismatch<'a>(errs: &'a [monel_ccl::CclError], what: &str) -> &'a monel_ccl::CclError {
+    for (r, e) in errs.iter().enumerate() {
+        assert!(
+            matches!(e.kind, ErrorKind::Mismatch | ErrorKind::RemoteAbort),
+            "{what}rank {r}: {e}"
+        );
+    }
+    errs.iter()
+        .find(|e| e.kind == ErrorKind::Mismatch)
+        .unwrap_or_else(|| panic!("{what}nobody saw the mismatch"))
+}
+
 #[test]
 fn mismatched_collectives_fail_on_every_rank() {
     let t0 = Instant::now();
@@ -237,16 +251,7 @@ fn mismatched_collectives_fail_on_every_rank() {
         t0.elapsed() < Duration::from_secs(8),
         "errors must come before the timeout"
     );
-    for (r, e) in errs.iter().enumerate() {
-        assert!(
-            matches!(e.kind, ErrorKind::Mismatch | ErrorKind::RemoteAbort),
-            "rank {r}: {e}"
-        );
-    }
-    let m = errs
-        .iter()
-        .find(|e| e.kind == ErrorKind::Mismatch)
-        .expect("someone saw the mismatch");
+    let m = the_mismatch(&errs, "");
     assert!(
         m.message.contains("broadcast") && m.message.contains("all_reduce"),
         "{m}"
@@ -298,16 +303,7 @@ fn ranks_that_force_different_algorithms_fail_on_every_rank() {
                 })
             })
             .collect();
-        for (r, e) in errs.iter().enumerate() {
-            assert!(
-                matches!(e.kind, ErrorKind::Mismatch | ErrorKind::RemoteAbort),
-                "{mine:?}/{odd:?}: rank {r}: {e}"
-            );
-        }
-        let m = errs
-            .iter()
-            .find(|e| e.kind == ErrorKind::Mismatch)
-            .expect("someone saw the mismatch");
+        let m = the_mismatch(&errs, &format!("{mine:?}/{odd:?}: "));
         let names = [mine.name(), odd.name()];
         assert!(
             names
