@@ -4,9 +4,10 @@
 //! fairly (messages from one rank to another one after the other, as a queue pair sends
 //! them), a message is delivered one path latency plus the per-message overhead after its
 //! last bit left, and a step finishes when all of its receives were delivered. Ranks run
-//! asynchronously, as they do for real; every event re-shares the links, so the cost grows
-//! with messages times flows in flight: up to a few thousand ranks. [`crate::lockstep`]
-//! covers the rest.
+//! asynchronously, as they do for real; a flow that starts or ends re-shares the links of the
+//! flows connected to it (through shared links), so the cost grows with messages times the
+//! flows of the fabric's busiest part: up to a few thousand ranks. [`crate::lockstep`] covers
+//! the rest.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
@@ -14,7 +15,7 @@ use std::fmt;
 use monel_ccl::schedule::{Op, Schedule};
 
 use crate::cluster::Cluster;
-use crate::flow::max_min_rates;
+use crate::flow::max_min_rates_by;
 
 /// The outcome of a replay.
 #[derive(Debug, Clone, PartialEq)]
@@ -100,9 +101,11 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
     let mut deliveries: BTreeMap<(u64, u64), (usize, usize)> = BTreeMap::new();
     let mut seq = 0u64;
     let mut posted = Vec::new();
-    // Rates change only when flows start or end.
+    // Rates change only when flows start or end, and only for the flows connected to the
+    // links of those that did (through shared links, transitively).
     let mut rates: Vec<f64> = Vec::new();
-    let mut dirty = true;
+    let mut changed: Vec<crate::LinkId> = Vec::new();
+    let mut sharing = Sharing::new(cluster.capacity().len());
     // Messages from one rank to another leave in order, one after the other, as a queue
     // pair's do: a later one waits here while an earlier one is still flowing.
     let mut queued: HashMap<(usize, usize), VecDeque<Active>> = HashMap::new();
@@ -132,8 +135,9 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
                     Some(q) => q.push_back(f),
                     None => {
                         queued.insert((m.src, m.dst), VecDeque::new());
-                        dirty = true;
+                        changed.extend_from_slice(&f.path);
                         flows.push(f);
+                        rates.push(0.0);
                     }
                 }
             }
@@ -146,10 +150,9 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
             return Ok(out);
         }
         // The next event: a flow's last bit, or a delivery.
-        if dirty {
-            let paths: Vec<&[crate::LinkId]> = flows.iter().map(|f| f.path.as_slice()).collect();
-            rates = max_min_rates(cluster.capacity(), &paths);
-            dirty = false;
+        if !changed.is_empty() {
+            sharing.reshare(cluster.capacity(), &flows, &mut rates, &changed);
+            changed.clear();
         }
         let mut dt = f64::INFINITY;
         for (f, &rate) in flows.iter().zip(&rates) {
@@ -191,7 +194,7 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
                 if flows[k].bits <= 1e-6 {
                     let f = flows.swap_remove(k);
                     rates.swap_remove(k);
-                    dirty = true;
+                    changed.extend_from_slice(&f.path);
                     let at = t + cluster.latency(&f.path) + overhead_s;
                     deliveries.insert((at.to_bits(), seq), (f.src, f.dst));
                     seq += 1;
@@ -200,6 +203,7 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
                     let pair = (f.src, f.dst);
                     match queued.get_mut(&pair).and_then(VecDeque::pop_front) {
                         Some(next) => {
+                            changed.extend_from_slice(&next.path);
                             flows.push(next);
                             rates.push(0.0);
                         }
@@ -400,12 +404,161 @@ impl<'a> Progress<'a> {
     }
 }
 
+/// Re-shares rates where flows started or ended. Max-min fair rates split over the connected
+/// parts of the graph of flows and the links they cross: a flow that shares no link, even
+/// through others, with one that started or ended keeps its rate. So only the flows reached
+/// from the changed links are shared anew, with the links' whole capacity (no other flow
+/// crosses them). A flow that ends inside one server re-shares that server's links, not the
+/// fabric's.
+struct Sharing {
+    /// Flows crossing each link (indices into the flows), filled for one re-share.
+    by_link: Vec<Vec<u32>>,
+    /// Links filled, to empty afterwards.
+    used: Vec<crate::LinkId>,
+    link_seen: Vec<bool>,
+    flow_seen: Vec<bool>,
+    /// The flows re-shared, and the queue of links to visit.
+    part: Vec<usize>,
+    todo: Vec<crate::LinkId>,
+}
+
+impl Sharing {
+    fn new(links: usize) -> Self {
+        Self {
+            by_link: vec![Vec::new(); links],
+            used: Vec::new(),
+            link_seen: vec![false; links],
+            flow_seen: Vec::new(),
+            part: Vec::new(),
+            todo: Vec::new(),
+        }
+    }
+
+    /// New rates for the flows connected to the `changed` links (placeholders included).
+    fn reshare(
+        &mut self,
+        capacity: &[f64],
+        flows: &[Active],
+        rates: &mut [f64],
+        changed: &[crate::LinkId],
+    ) {
+        for (k, f) in flows.iter().enumerate() {
+            for &l in &f.path {
+                if self.by_link[l].is_empty() {
+                    self.used.push(l);
+                }
+                self.by_link[l].push(k as u32);
+            }
+        }
+        self.flow_seen.clear();
+        self.flow_seen.resize(flows.len(), false);
+        self.part.clear();
+        self.todo.clear();
+        for &l in changed {
+            if !self.link_seen[l] {
+                self.link_seen[l] = true;
+                self.todo.push(l);
+            }
+        }
+        let mut seen_links = self.todo.clone();
+        while let Some(l) = self.todo.pop() {
+            for &k in &self.by_link[l] {
+                let k = k as usize;
+                if self.flow_seen[k] {
+                    continue;
+                }
+                self.flow_seen[k] = true;
+                self.part.push(k);
+                for &m in &flows[k].path {
+                    if !self.link_seen[m] {
+                        self.link_seen[m] = true;
+                        self.todo.push(m);
+                        seen_links.push(m);
+                    }
+                }
+            }
+        }
+        let part = &self.part;
+        let shared = max_min_rates_by(capacity, part.len(), |i| flows[part[i]].path.as_slice());
+        for (&k, r) in part.iter().zip(shared) {
+            rates[k] = r;
+        }
+        for l in seen_links {
+            self.link_seen[l] = false;
+        }
+        for l in self.used.drain(..) {
+            self.by_link[l].clear();
+        }
+    }
+}
+
 fn advance(flows: &mut [Active], rates: &[f64], dt: f64, cluster: &Cluster, out: &mut Replay) {
     let full = cluster.fabric.edge_bps;
     for (f, &rate) in flows.iter_mut().zip(rates) {
         f.bits -= rate * dt;
         if rate < full * (1.0 - 1e-9) && f.path.iter().any(|&l| cluster.fabric.is_fabric_link(l)) {
             out.fabric_contention_s += dt;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flow::max_min_rates;
+
+    /// Flows start and end at random on random links; after each change, re-sharing only
+    /// the part connected to the changed links gives every flow the rate a full re-share
+    /// gives it.
+    #[test]
+    fn resharing_the_changed_part_matches_sharing_everything() {
+        let seed0 = 0x0fab_u64;
+        let mut seed = seed0;
+        let mut rnd = |m: usize| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as usize % m
+        };
+        for case in 0..50 {
+            let links = 2 + rnd(30);
+            let cap: Vec<f64> = (0..links).map(|_| 1.0 + rnd(9) as f64).collect();
+            let mut sharing = Sharing::new(links);
+            let mut flows: Vec<Active> = Vec::new();
+            let mut rates: Vec<f64> = Vec::new();
+            for event in 0..60 {
+                let mut changed = Vec::new();
+                if flows.is_empty() || rnd(3) > 0 {
+                    // Paths stay within a few neighbouring links, so the graph has parts.
+                    let at = rnd(links);
+                    let mut path: Vec<usize> =
+                        (0..1 + rnd(3)).map(|_| (at + rnd(3)) % links).collect();
+                    path.sort_unstable();
+                    path.dedup();
+                    changed.extend_from_slice(&path);
+                    flows.push(Active {
+                        src: 0,
+                        dst: 0,
+                        path,
+                        bits: 1.0,
+                    });
+                    rates.push(0.0);
+                } else {
+                    let k = rnd(flows.len());
+                    changed.extend_from_slice(&flows.swap_remove(k).path);
+                    rates.swap_remove(k);
+                }
+                sharing.reshare(&cap, &flows, &mut rates, &changed);
+                let paths: Vec<&[usize]> = flows.iter().map(|f| f.path.as_slice()).collect();
+                let full = max_min_rates(&cap, &paths);
+                for (k, (a, b)) in rates.iter().zip(&full).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 1e-9 * b.abs().max(1.0),
+                        "seed {seed0:#x}, case {case}, event {event}: flow {k} has {a}, \
+                         sharing everything gives {b}"
+                    );
+                }
+            }
         }
     }
 }
