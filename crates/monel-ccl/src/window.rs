@@ -25,7 +25,7 @@
 //! timeout, which names it.
 
 use std::ops::{Deref, DerefMut, Range};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -153,7 +153,12 @@ impl DerefMut for Window {
 #[repr(C, align(64))]
 struct Ctl {
     arrived: AtomicU64,
-    _pad: [u64; 7],
+    /// `arrived`'s low 32 bits, the word a waiting rank sleeps on (a futex on the shared
+    /// page, so it works between processes).
+    bell: AtomicU32,
+    /// Ranks asleep on `bell`: an arriving rank wakes them only when there are some.
+    sleepers: AtomicU32,
+    _pad: [u64; 6],
     /// seq, collective | dtype << 8 | op << 16, count, root, send window + 1 (0: none),
     /// send offset, recv window + 1, recv offset.
     desc: [AtomicU64; 8],
@@ -276,10 +281,62 @@ fn ctls(ctl: &Region, n: usize, me: usize) -> Result<Vec<&Ctl>> {
         .collect()
 }
 
-/// Waits until every rank has arrived at meeting `m`; names the ranks that did not.
+/// This rank arrives at meeting `m`: publishes it and wakes the ranks asleep on it.
+fn arrive(mine: &Ctl, m: u64) {
+    mine.arrived.store(m, Ordering::SeqCst);
+    mine.bell.store(m as u32, Ordering::SeqCst);
+    // Ordered after the stores (SeqCst): a rank that counted itself in before this load is
+    // woken; one that counts itself in after it sees the new values and does not sleep.
+    if mine.sleepers.load(Ordering::SeqCst) > 0 {
+        futex(&mine.bell, libc::FUTEX_WAKE, i32::MAX as u32, None);
+    }
+}
+
+/// Sleeps until rank `c` arrives at meeting `m` (or `until`; a wake may come early, the
+/// caller looks again).
+fn sleep_until_arrived(c: &Ctl, m: u64, until: Instant) {
+    c.sleepers.fetch_add(1, Ordering::SeqCst);
+    let bell = c.bell.load(Ordering::SeqCst);
+    if c.arrived.load(Ordering::SeqCst) < m {
+        let left = until.saturating_duration_since(Instant::now());
+        // The kernel sleeps only while the bell still reads `bell`: an arrival after the
+        // load above returns at once.
+        futex(&c.bell, libc::FUTEX_WAIT, bell, Some(left));
+    }
+    c.sleepers.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// `futex(2)` on a shared word (not private: ranks are separate processes).
+fn futex(word: &AtomicU32, op: libc::c_int, val: u32, timeout: Option<Duration>) {
+    let ts = timeout.map(|d| libc::timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: libc::c_long::from(d.subsec_nanos() as i32),
+    });
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `word` is a live, aligned 32-bit atomic (in the shared control page, which
+    // outlives the call); FUTEX_WAIT only reads it and sleeps, FUTEX_WAKE only wakes; `tsp`
+    // is null or points to `ts`, alive across the call. Errors (EAGAIN: the word changed,
+    // ETIMEDOUT, EINTR) need no handling: the caller looks at the word again.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            op,
+            val,
+            tsp,
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+/// Waits until every rank has arrived at meeting `m`; names the ranks that did not. Spins,
+/// then yields, then sleeps on the first missing rank's bell (woken when it arrives).
 fn meet(ctls: &[&Ctl], m: u64, deadline: Instant, yield_often: bool, what: &str) -> Result<()> {
     let mut spins = 0u32;
-    let mut nap = Duration::from_micros(20);
     loop {
         if ctls.iter().all(|c| c.arrived.load(Ordering::Acquire) >= m) {
             return Ok(());
@@ -307,8 +364,9 @@ fn meet(ctls: &[&Ctl], m: u64, deadline: Instant, yield_often: bool, what: &str)
                 )
                 .with_ranks(missing));
             }
-            std::thread::sleep(nap);
-            nap = (nap * 2).min(Duration::from_millis(1));
+            if let Some(c) = ctls.iter().find(|c| c.arrived.load(Ordering::Acquire) < m) {
+                sleep_until_arrived(c, m, deadline);
+            }
         }
     }
 }
@@ -366,7 +424,7 @@ pub(crate) fn run(w: &mut Windows, mut c: Call<'_>) -> Result<()> {
     for (slot, v) in all[me].desc.iter().zip(desc) {
         slot.store(v, Ordering::Relaxed);
     }
-    all[me].arrived.store(first, Ordering::Release);
+    arrive(all[me], first);
     w.meetings += 2;
     let name = c.coll.name();
     meet(&all, first, c.deadline, c.yield_often, name)?;
@@ -389,7 +447,7 @@ pub(crate) fn run(w: &mut Windows, mut c: Call<'_>) -> Result<()> {
     };
     // The second meeting even after an error here: peers may still be reading this
     // rank's buffers.
-    all[me].arrived.store(first + 1, Ordering::Release);
+    arrive(all[me], first + 1);
     let met = meet(&all, first + 1, c.deadline, c.yield_often, name);
     res.and(met)
 }

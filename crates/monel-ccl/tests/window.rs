@@ -306,3 +306,42 @@ fn windows_of_ranks_on_different_hosts_stay_private_and_collectives_still_work()
         assert_ne!(path, "window", "rank {r}");
     }
 }
+
+/// Ranks that wait long at a window meeting sleep on the late rank's bell, and its arrival
+/// wakes them: the call completes, exact, long before the timeout. (A missed wake-up would
+/// leave them asleep until the deadline, and the call would fail with a timeout.)
+#[test]
+fn ranks_asleep_at_a_meeting_wake_when_the_late_rank_comes() {
+    let timeout = Duration::from_secs(20);
+    let late = Duration::from_millis(300);
+    for rounds in [1, 3] {
+        let t0 = Instant::now();
+        let out = ranks(3, timeout, one_host, move |c| {
+            let r = c.rank();
+            let mut w = c.alloc_window(4 * 2048).unwrap();
+            let mut ok = true;
+            for round in 0..rounds {
+                // A different rank is late each round, long past the spinning and yielding.
+                if r == round % 3 {
+                    std::thread::sleep(late);
+                }
+                for (i, v) in w.chunks_exact_mut(4).enumerate() {
+                    v.copy_from_slice(&((i % 5) as f32 * (r + 1) as f32).to_le_bytes());
+                }
+                c.all_reduce_in_place(&mut w, 2048, DataType::F32, RedOp::Sum)
+                    .unwrap();
+                ok &= w.chunks_exact(4).enumerate().all(|(i, v)| {
+                    f32::from_le_bytes(v.try_into().unwrap()) == (i % 5) as f32 * 6.0
+                });
+                assert_eq!(c.last_path(), "window");
+            }
+            ok
+        });
+        assert!(out.iter().all(|&ok| ok), "{rounds} rounds: sums {out:?}");
+        assert!(
+            t0.elapsed() < timeout / 2,
+            "{rounds} rounds took {:?}: a sleeping rank was not woken",
+            t0.elapsed()
+        );
+    }
+}
