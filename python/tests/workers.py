@@ -248,6 +248,15 @@ def windows():
         raise AssertionError("a negative size was accepted")
     except monel.InvalidArgumentError:
         pass
+    # A late rank: the others sleep at the meeting (between processes, on the late rank's
+    # futex word) and its arrival wakes them; a lost wake-up would hold them to the timeout.
+    v[:] = r + 1
+    t0 = time.monotonic()
+    if r == 0:
+        time.sleep(0.3)
+    c.all_reduce(v)
+    took = time.monotonic() - t0
+    assert (v == tri).all() and took < 10, took
     # Ordinary buffers on the same communicator keep the ordinary path.
     o = np.full(5000, float(r), np.float32)
     c.all_reduce(o)
