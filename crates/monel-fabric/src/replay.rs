@@ -96,16 +96,13 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
         job_time_s: vec![0.0; jobs.len()],
     };
     let mut t = 0.0f64;
-    let mut flows: Vec<Active> = Vec::new();
     // Deliveries by time (ties in insertion order, for determinism).
     let mut deliveries: BTreeMap<(u64, u64), (usize, usize)> = BTreeMap::new();
     let mut seq = 0u64;
     let mut posted = Vec::new();
-    // Rates change only when flows start or end, and only for the flows connected to the
-    // links of those that did (through shared links, transitively).
-    let mut rates: Vec<f64> = Vec::new();
-    let mut changed: Vec<crate::LinkId> = Vec::new();
-    let mut sharing = Sharing::new(cluster.capacity().len());
+    // The flows and their rates, which change only when flows start or end, and only for
+    // the flows connected to those (through shared links, transitively).
+    let mut sh = Sharing::new(cluster.capacity().len());
     // Messages from one rank to another leave in order, one after the other, as a queue
     // pair's do: a later one waits here while an earlier one is still flowing.
     let mut queued: HashMap<(usize, usize), VecDeque<Active>> = HashMap::new();
@@ -135,14 +132,12 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
                     Some(q) => q.push_back(f),
                     None => {
                         queued.insert((m.src, m.dst), VecDeque::new());
-                        changed.extend_from_slice(&f.path);
-                        flows.push(f);
-                        rates.push(0.0);
+                        sh.push(f);
                     }
                 }
             }
         }
-        if flows.is_empty() && deliveries.is_empty() {
+        if sh.flows.is_empty() && deliveries.is_empty() {
             if let Some(e) = progress.leftover() {
                 return Err(e);
             }
@@ -150,12 +145,9 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
             return Ok(out);
         }
         // The next event: a flow's last bit, or a delivery.
-        if !changed.is_empty() {
-            sharing.reshare(cluster.capacity(), &flows, &mut rates, &changed);
-            changed.clear();
-        }
+        sh.reshare(cluster.capacity());
         let mut dt = f64::INFINITY;
-        for (f, &rate) in flows.iter().zip(&rates) {
+        for (f, &rate) in sh.flows.iter().zip(&sh.rates) {
             dt = dt.min(f.bits / rate);
         }
         let next_delivery = deliveries
@@ -172,7 +164,7 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
             let (&key, &(src, dst)) = deliveries.iter().next().expect("a delivery");
             deliveries.remove(&key);
             let at = f64::from_bits(key.0);
-            advance(&mut flows, &rates, at - t, cluster, &mut out);
+            advance(&mut sh.flows, &sh.rates, at - t, cluster, &mut out);
             t = at;
             progress.deliver(src, dst);
             // Every other delivery at this very instant too, before the ranks they free run
@@ -186,15 +178,13 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
                 progress.deliver(src, dst);
             }
         } else {
-            advance(&mut flows, &rates, dt, cluster, &mut out);
+            advance(&mut sh.flows, &sh.rates, dt, cluster, &mut out);
             t = flow_end;
             // Every flow whose last bit left now.
             let mut k = 0;
-            while k < flows.len() {
-                if flows[k].bits <= 1e-6 {
-                    let f = flows.swap_remove(k);
-                    rates.swap_remove(k);
-                    changed.extend_from_slice(&f.path);
+            while k < sh.flows.len() {
+                if sh.flows[k].bits <= 1e-6 {
+                    let f = sh.swap_remove(k);
                     let at = t + cluster.latency(&f.path) + overhead_s;
                     deliveries.insert((at.to_bits(), seq), (f.src, f.dst));
                     seq += 1;
@@ -202,11 +192,7 @@ pub fn replay(cluster: &Cluster, jobs: &[Job], overhead_s: f64) -> Result<Replay
                     // the loop has not reached yet).
                     let pair = (f.src, f.dst);
                     match queued.get_mut(&pair).and_then(VecDeque::pop_front) {
-                        Some(next) => {
-                            changed.extend_from_slice(&next.path);
-                            flows.push(next);
-                            rates.push(0.0);
-                        }
+                        Some(next) => sh.push(next),
                         None => {
                             queued.remove(&pair);
                         }
@@ -404,63 +390,91 @@ impl<'a> Progress<'a> {
     }
 }
 
-/// Re-shares rates where flows started or ended. Max-min fair rates split over the connected
-/// parts of the graph of flows and the links they cross: a flow that shares no link, even
-/// through others, with one that started or ended keeps its rate. So only the flows reached
-/// from the changed links are shared anew, with the links' whole capacity (no other flow
-/// crosses them). A flow that ends inside one server re-shares that server's links, not the
-/// fabric's.
+/// The flows in flight and their rates, re-shared where flows started or ended. Max-min
+/// fair rates split over the connected parts of the graph of flows and the links they
+/// cross: a flow that shares no link, even through others, with one that started or ended
+/// keeps its rate. So only the flows reached from the changed links are shared anew, with
+/// the links' whole capacity (no other flow crosses them). A flow that ends inside one server
+/// re-shares that server's links, not the fabric's.
 struct Sharing {
-    /// Flows crossing each link (indices into the flows), filled for one re-share.
+    flows: Vec<Active>,
+    /// Each flow's rate (0 for one that started since the last re-share).
+    rates: Vec<f64>,
+    /// The flows crossing each link (indices into `flows`), kept as flows come and go.
     by_link: Vec<Vec<u32>>,
-    /// Links filled, to empty afterwards.
-    used: Vec<crate::LinkId>,
+    /// Links of the flows that started or ended since the last re-share.
+    changed: Vec<crate::LinkId>,
     link_seen: Vec<bool>,
     flow_seen: Vec<bool>,
-    /// The flows re-shared, and the queue of links to visit.
+    /// The flows re-shared, the queue of links to visit, the links visited.
     part: Vec<usize>,
     todo: Vec<crate::LinkId>,
+    visited: Vec<crate::LinkId>,
 }
 
 impl Sharing {
     fn new(links: usize) -> Self {
         Self {
+            flows: Vec::new(),
+            rates: Vec::new(),
             by_link: vec![Vec::new(); links],
-            used: Vec::new(),
+            changed: Vec::new(),
             link_seen: vec![false; links],
             flow_seen: Vec::new(),
             part: Vec::new(),
             todo: Vec::new(),
+            visited: Vec::new(),
         }
     }
 
-    /// New rates for the flows connected to the `changed` links (placeholders included).
-    fn reshare(
-        &mut self,
-        capacity: &[f64],
-        flows: &[Active],
-        rates: &mut [f64],
-        changed: &[crate::LinkId],
-    ) {
-        for (k, f) in flows.iter().enumerate() {
-            for &l in &f.path {
-                if self.by_link[l].is_empty() {
-                    self.used.push(l);
+    /// A flow starts (its rate comes with the next [`Self::reshare`]).
+    fn push(&mut self, f: Active) {
+        let k = self.flows.len() as u32;
+        for &l in &f.path {
+            self.by_link[l].push(k);
+        }
+        self.changed.extend_from_slice(&f.path);
+        self.flows.push(f);
+        self.rates.push(0.0);
+    }
+
+    /// Flow `k` ends; the last flow takes its place.
+    fn swap_remove(&mut self, k: usize) -> Active {
+        let last = self.flows.len() - 1;
+        let f = self.flows.swap_remove(k);
+        self.rates.swap_remove(k);
+        for &l in &f.path {
+            self.by_link[l].retain(|&x| x as usize != k);
+        }
+        if k != last {
+            for &l in &self.flows[k].path {
+                for x in self.by_link[l].iter_mut().filter(|x| **x as usize == last) {
+                    *x = k as u32;
                 }
-                self.by_link[l].push(k as u32);
             }
         }
+        self.changed.extend_from_slice(&f.path);
+        f
+    }
+
+    /// New rates for the flows connected to the changed links.
+    fn reshare(&mut self, capacity: &[f64]) {
+        if self.changed.is_empty() {
+            return;
+        }
         self.flow_seen.clear();
-        self.flow_seen.resize(flows.len(), false);
+        self.flow_seen.resize(self.flows.len(), false);
         self.part.clear();
         self.todo.clear();
-        for &l in changed {
+        self.visited.clear();
+        for &l in &self.changed {
             if !self.link_seen[l] {
                 self.link_seen[l] = true;
                 self.todo.push(l);
+                self.visited.push(l);
             }
         }
-        let mut seen_links = self.todo.clone();
+        self.changed.clear();
         while let Some(l) = self.todo.pop() {
             for &k in &self.by_link[l] {
                 let k = k as usize;
@@ -469,25 +483,22 @@ impl Sharing {
                 }
                 self.flow_seen[k] = true;
                 self.part.push(k);
-                for &m in &flows[k].path {
+                for &m in &self.flows[k].path {
                     if !self.link_seen[m] {
                         self.link_seen[m] = true;
                         self.todo.push(m);
-                        seen_links.push(m);
+                        self.visited.push(m);
                     }
                 }
             }
         }
-        let part = &self.part;
+        let (flows, part) = (&self.flows, &self.part);
         let shared = max_min_rates_by(capacity, part.len(), |i| flows[part[i]].path.as_slice());
         for (&k, r) in part.iter().zip(shared) {
-            rates[k] = r;
+            self.rates[k] = r;
         }
-        for l in seen_links {
+        for &l in &self.visited {
             self.link_seen[l] = false;
-        }
-        for l in self.used.drain(..) {
-            self.by_link[l].clear();
         }
     }
 }
@@ -523,35 +534,45 @@ mod tests {
         for case in 0..50 {
             let links = 2 + rnd(30);
             let cap: Vec<f64> = (0..links).map(|_| 1.0 + rnd(9) as f64).collect();
-            let mut sharing = Sharing::new(links);
-            let mut flows: Vec<Active> = Vec::new();
-            let mut rates: Vec<f64> = Vec::new();
+            let mut sh = Sharing::new(links);
             for event in 0..60 {
-                let mut changed = Vec::new();
-                if flows.is_empty() || rnd(3) > 0 {
+                if sh.flows.is_empty() || rnd(3) > 0 {
                     // Paths stay within a few neighbouring links, so the graph has parts.
                     let at = rnd(links);
                     let mut path: Vec<usize> =
                         (0..1 + rnd(3)).map(|_| (at + rnd(3)) % links).collect();
                     path.sort_unstable();
                     path.dedup();
-                    changed.extend_from_slice(&path);
-                    flows.push(Active {
+                    sh.push(Active {
                         src: 0,
                         dst: 0,
                         path,
                         bits: 1.0,
                     });
-                    rates.push(0.0);
                 } else {
-                    let k = rnd(flows.len());
-                    changed.extend_from_slice(&flows.swap_remove(k).path);
-                    rates.swap_remove(k);
+                    let k = rnd(sh.flows.len());
+                    sh.swap_remove(k);
                 }
-                sharing.reshare(&cap, &flows, &mut rates, &changed);
-                let paths: Vec<&[usize]> = flows.iter().map(|f| f.path.as_slice()).collect();
+                // The index of flows by link follows every start and end.
+                for (l, users) in sh.by_link.iter().enumerate() {
+                    let mut got = users.clone();
+                    got.sort_unstable();
+                    let want: Vec<u32> = (0..sh.flows.len() as u32)
+                        .filter(|&k| sh.flows[k as usize].path.contains(&l))
+                        .collect();
+                    assert_eq!(
+                        got, want,
+                        "seed {seed0:#x}, case {case}, event {event}: link {l}"
+                    );
+                }
+                // Sometimes two changes before one re-share, as the engine makes them.
+                if rnd(4) == 0 {
+                    continue;
+                }
+                sh.reshare(&cap);
+                let paths: Vec<&[usize]> = sh.flows.iter().map(|f| f.path.as_slice()).collect();
                 let full = max_min_rates(&cap, &paths);
-                for (k, (a, b)) in rates.iter().zip(&full).enumerate() {
+                for (k, (a, b)) in sh.rates.iter().zip(&full).enumerate() {
                     assert!(
                         (a - b).abs() <= 1e-9 * b.abs().max(1.0),
                         "seed {seed0:#x}, case {case}, event {event}: flow {k} has {a}, \
