@@ -19,6 +19,16 @@ fn leaf_spine(leaves: usize, ports: usize, spines: usize, bps: f64, lat: f64) ->
     .unwrap()
 }
 
+/// A server of `gpus` GPUs with a NIC each, NVLink at 3.6 Tb/s, PCIe at 512 Gb/s.
+fn server(gpus: usize) -> Server {
+    Server {
+        gpus,
+        nics: gpus,
+        nvlink_bps: 3.6e12,
+        pcie_bps: 512e9,
+    }
+}
+
 fn allreduce(bytes: u64, channels: usize) -> CollectiveSpec {
     CollectiveSpec {
         coll: Collective::AllReduce(RedOp::Sum),
@@ -56,12 +66,7 @@ fn lockstep_ring_matches_the_alpha_beta_formula() {
 #[test]
 fn lockstep_and_event_engines_agree_on_mid_size_fabrics() {
     // 64 GPUs, 8 per server, one NIC each, on a leaf-spine where ECMP collides; 8 channels.
-    let server = Server {
-        gpus: 8,
-        nics: 8,
-        nvlink_bps: 3.6e12,
-        pcie_bps: 512e9,
-    };
+    let server = server(8);
     for (spines, channels, algo) in [
         (4, 8, Algorithm::Ring),
         (2, 1, Algorithm::Ring),
@@ -108,12 +113,7 @@ fn lockstep_and_event_engines_agree_on_mid_size_fabrics() {
 /// phases take turns on NVLink and the network, which the ring's channels use at once).
 #[test]
 fn the_hierarchy_replays_alike_on_both_engines_and_scales_past_the_flat_ring() {
-    let server = Server {
-        gpus: 8,
-        nics: 8,
-        nvlink_bps: 3.6e12,
-        pcie_bps: 512e9,
-    };
+    let server = server(8);
     let hier = |bytes, channels| CollectiveSpec {
         algo: Algorithm::Hier,
         ..allreduce(bytes, channels)
@@ -267,12 +267,7 @@ fn tree_is_not_symmetric_and_runs_on_the_event_engine() {
     let e = run_collective(&c, &spec, Engine::Lockstep, 1e-6).unwrap_err();
     assert!(e.to_string().contains("not rank-symmetric"), "{e}");
     // Nor host by host, on servers of several GPUs.
-    let server = Server {
-        gpus: 4,
-        nics: 4,
-        nvlink_bps: 3.6e12,
-        pcie_bps: 512e9,
-    };
+    let server = server(4);
     let c = Cluster::new(leaf_spine(1, 16, 0, 100e9, 1e-6), server).unwrap();
     let auto = run_collective(&c, &spec, Engine::Auto, 1e-6).unwrap();
     assert_eq!(auto.engine, Engine::Event);
@@ -351,16 +346,7 @@ fn cost_counts_the_parts() {
 }
 
 fn servers(fabric: Fabric) -> Cluster {
-    Cluster::new(
-        fabric,
-        Server {
-            gpus: 8,
-            nics: 8,
-            nvlink_bps: 3.6e12,
-            pcie_bps: 512e9,
-        },
-    )
-    .unwrap()
+    Cluster::new(fabric, server(8)).unwrap()
 }
 
 #[test]
@@ -464,12 +450,7 @@ fn a_competing_job_slows_the_planned_one() {
 /// lockstep lands 0-15% above it, as on 64 GPUs (+9.0% when written).
 #[test]
 fn the_engines_agree_on_the_hierarchy_over_a_thousand_gpus() {
-    let server = Server {
-        gpus: 8,
-        nics: 8,
-        nvlink_bps: 3.6e12,
-        pcie_bps: 512e9,
-    };
+    let server = server(8);
     let c = Cluster::new(leaf_spine(32, 32, 32, 400e9, 600e-9), server).unwrap();
     let spec = CollectiveSpec {
         algo: Algorithm::Hier,
