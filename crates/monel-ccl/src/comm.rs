@@ -749,20 +749,15 @@ impl Communicator {
 
     /// [`Self::algorithm_for`], remembering the cost model's answer for the call's shape.
     fn choose_cached(&mut self, coll: Collective, dtype: DataType, count: usize) -> Algorithm {
-        let forced = self.cfg.deterministic && matches!(coll, Collective::AllReduce(_))
-            || self
-                .cfg
-                .algo
-                .is_some_and(|a| coll.algorithms().contains(&a));
-        if forced {
-            return self.algorithm_for(coll, dtype, count);
+        if let Some(a) = self.forced(coll) {
+            return a;
         }
         let (code, bytes) = (coll_code(coll), count * dtype.size());
         let slot = (bytes.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58 ^ usize::from(code)) % CHOICES;
         match self.choices[slot] {
             Some((c, b, a)) if c == code && b == bytes => a,
             _ => {
-                let a = self.algorithm_for(coll, dtype, count);
+                let a = self.priced(coll, bytes);
                 self.choices[slot] = Some((code, bytes, a));
                 a
             }
@@ -771,16 +766,25 @@ impl Communicator {
 
     /// The algorithm a call would use.
     pub fn algorithm_for(&self, coll: Collective, dtype: DataType, count: usize) -> Algorithm {
+        self.forced(coll)
+            .unwrap_or_else(|| self.priced(coll, count * dtype.size()))
+    }
+
+    /// The algorithm the settings force on `coll`, if any: the deterministic AllReduce, or
+    /// `MONEL_ALGO` / [`Self::set_algorithm`] where `coll` has it.
+    fn forced(&self, coll: Collective) -> Option<Algorithm> {
         if self.cfg.deterministic && matches!(coll, Collective::AllReduce(_)) {
-            return Algorithm::Deterministic;
+            return Some(Algorithm::Deterministic);
         }
-        if let Some(a) = self.cfg.algo.filter(|a| coll.algorithms().contains(a)) {
-            return a;
-        }
+        self.cfg.algo.filter(|a| coll.algorithms().contains(a))
+    }
+
+    /// The cost model's choice for `bytes` per rank.
+    fn priced(&self, coll: Collective, bytes: usize) -> Algorithm {
         tune::choose_on(
             coll,
             self.nranks,
-            count * dtype.size(),
+            bytes,
             self.cfg.chunk,
             &self.costs,
             self.hosts.as_ref(),

@@ -507,7 +507,9 @@ fn watch_idle(ctx: &mut Ctx<'_>, peer: usize, done_with: bool) -> Result<bool> {
             // Data of this very call (not of a later one the peer already began): it must
             // be the call this rank runs, and one a later step of it takes. A peer on
             // another schedule would otherwise leave it waiting here until the timeout.
-            Some(h) if ctx.p2p.is_none() && h.sig.seq == name.sig.seq => {
+            // Point-to-point messages number themselves per pair, so their numbers say
+            // nothing about collectives: a peer that finished this call may already send.
+            Some(h) if ctx.p2p.is_none() && h.sig.coll != P2P_CODE && h.sig.seq == name.sig.seq => {
                 if h.sig != name.sig {
                     Err(sig_mismatch(name, &name.sig, &h.sig, peer))
                 } else if done_with {
