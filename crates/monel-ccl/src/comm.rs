@@ -1750,7 +1750,7 @@ mod tuning {
         /// Inside and between hosts, where the rank saw a host layout.
         pub(super) hosts: Option<(Costs, Costs)>,
         pub(super) chunk: u64,
-        /// 0 when no algorithm is forced, else its place in [`Algorithm::ALL`] plus one.
+        /// 0 when no algorithm is forced, else its [`Algorithm::code`].
         pub(super) algo: u64,
         pub(super) deterministic: u64,
     }
@@ -1758,11 +1758,10 @@ mod tuning {
     impl Record {
         /// The settings every rank must share, by variable, as they print.
         fn settings(&self) -> [(&'static str, String); 3] {
-            let algo = self
-                .algo
-                .checked_sub(1)
-                .and_then(|i| Algorithm::ALL.get(i as usize))
-                .map_or("unset", |a| a.name());
+            let algo = u8::try_from(self.algo)
+                .ok()
+                .and_then(Algorithm::from_code)
+                .map_or("unset", Algorithm::name);
             [
                 ("MONEL_ALGO", algo.to_string()),
                 ("MONEL_CHUNK", self.chunk.to_string()),
@@ -1772,10 +1771,7 @@ mod tuning {
     }
 
     pub(super) fn encode(cfg: &CommConfig, costs: &Costs, hosts: Option<&Hosts>) -> [u8; LEN] {
-        let algo = cfg
-            .algo
-            .and_then(|a| Algorithm::ALL.iter().position(|&b| b == a))
-            .map_or(0, |i| i as u64 + 1);
+        let algo = cfg.algo.map_or(0, |a| u64::from(a.code()));
         // No host layout: NaN where the costs inside and between hosts go.
         let h = |f: fn(&Hosts) -> f64| hosts.map_or(f64::NAN, f).to_bits();
         let words = [

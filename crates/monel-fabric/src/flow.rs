@@ -117,6 +117,18 @@ pub fn drain<'a>(capacity: &[f64], bits: &[f64], path: impl Fn(usize) -> &'a [Li
     done
 }
 
+/// A seeded generator of numbers below `m` (`rnd(m)`), for the engines' random tests.
+#[cfg(test)]
+pub(crate) fn uniform(seed: u64) -> impl FnMut(usize) -> usize {
+    let mut seed = seed;
+    move |m| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) as usize % m
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,13 +157,7 @@ mod tests {
     fn max_min_is_fair_and_fills_a_bottleneck_on_random_cases() {
         // Every flow is either limited by a saturated link on which it has the largest
         // rate (the max-min condition), and no link is over capacity.
-        let mut seed = 0x5eed_u64;
-        let mut rnd = |m: usize| {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 33) as usize % m
-        };
+        let mut rnd = uniform(0x5eed);
         for case in 0..200 {
             let links = 1 + rnd(12);
             let cap: Vec<f64> = (0..links).map(|_| 1.0 + rnd(9) as f64).collect();

@@ -524,13 +524,7 @@ mod tests {
     #[test]
     fn resharing_the_changed_part_matches_sharing_everything() {
         let seed0 = 0x0fab_u64;
-        let mut seed = seed0;
-        let mut rnd = |m: usize| {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 33) as usize % m
-        };
+        let mut rnd = crate::flow::uniform(seed0);
         for case in 0..50 {
             let links = 2 + rnd(30);
             let cap: Vec<f64> = (0..links).map(|_| 1.0 + rnd(9) as f64).collect();
