@@ -4,6 +4,7 @@
 
 use std::ops::Range;
 
+use crate::copy::copy;
 use crate::dtype::{DataType, RedOp};
 use crate::error::{CclError, Result};
 use crate::reduce::{divide, reduce_into, reduce_to};
@@ -237,7 +238,7 @@ impl<'a> Buffers<'a> {
 
     /// `dst = src`.
     pub fn copy(&mut self, src: Span, dst: Span) -> Result<()> {
-        self.pair(src, dst, |s, d| d.copy_from_slice(s))
+        self.pair(src, dst, |s, d| copy(d, s))
     }
     /// `dst = dst op src`.
     pub fn reduce(&mut self, src: Span, dst: Span) -> Result<()> {
@@ -271,7 +272,7 @@ impl<'a> Buffers<'a> {
         if reduce {
             reduce_into(d, incoming, t, op);
         } else {
-            d.copy_from_slice(incoming);
+            copy(d, incoming);
         }
         Ok(())
     }

@@ -16,6 +16,7 @@
 pub mod bootstrap;
 pub mod buffers;
 pub mod comm;
+pub mod copy;
 pub mod dtype;
 pub mod error;
 mod exec;

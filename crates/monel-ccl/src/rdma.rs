@@ -25,6 +25,7 @@ use monel_verbs::{
 use nix::poll::PollFlags;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 
+use crate::copy::copy;
 use crate::link::Link;
 use crate::shm::{bound_reads, first_text, recv_msg, send_msg};
 
@@ -513,8 +514,8 @@ impl State {
         let off = (self.head % self.tx_cap) as usize;
         let na = n.min(a.len());
         self.tx.with(|buf| {
-            buf[off..off + na].copy_from_slice(&a[..na]);
-            buf[off + na..off + n].copy_from_slice(&b[..n - na]);
+            copy(&mut buf[off..off + na], &a[..na]);
+            copy(&mut buf[off + na..off + n], &b[..n - na]);
         });
         self.head += n as u64;
         self.qp
@@ -549,8 +550,8 @@ impl State {
         let off = (self.tail % self.rx_cap) as usize;
         let first = n.min(self.rx_cap as usize - off);
         self.rx.with(|buf| {
-            out[..first].copy_from_slice(&buf[off..off + first]);
-            out[first..n].copy_from_slice(&buf[..n - first]);
+            copy(&mut out[..first], &buf[off..off + first]);
+            copy(&mut out[first..n], &buf[..n - first]);
         });
         if consume {
             self.tail += n as u64;

@@ -20,12 +20,13 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::poll::PollFlags;
 use nix::sys::mman::{MapFlags, ProtFlags, mmap, munmap};
 
+use crate::copy::{Adaptive, Costs, STREAM_MIN, copy};
 use crate::link::Link;
 
 const MAGIC_OFFER: &[u8; 4] = b"MNLS";
@@ -50,7 +51,27 @@ struct Ctrl {
     reader_waiting: Line,
     /// The writer is (about to be) asleep for room: the reader rings after consuming.
     writer_waiting: Line,
+    /// The reader's cost of reading the ring's bytes, by how they were written (f64 bits
+    /// of [`Costs`]), for the writer's choice of stores.
+    read_costs: CostLine,
+    /// How the bytes in each of [`SLOTS`] equal parts of the ring were last written (0:
+    /// plain stores, 1: streaming), so the reader knows what it measured.
+    ways: Ways,
 }
+
+// The control block fits the page the layout gives it.
+const _: () = assert!(size_of::<Ctrl>() <= PAGE);
+
+/// The ring is cut into this many parts to tag how each was written.
+const SLOTS: usize = 64;
+
+/// Two f64 costs on their own cache line.
+#[repr(C, align(64))]
+struct CostLine([AtomicU64; 2]);
+
+/// The way each ring part was written.
+#[repr(C, align(64))]
+struct Ways([AtomicU8; SLOTS]);
 
 /// A mapped segment, unmapped on drop.
 pub(crate) struct Segment {
@@ -184,39 +205,72 @@ impl Ring {
         }
     }
 
-    /// Copies `src` into the ring at byte position `at` (wrapping).
-    fn put(&self, at: u64, src: &[u8]) {
-        let off = (at % self.cap as u64) as usize;
-        let first = src.len().min(self.cap - off);
-        // SAFETY: both ranges lie inside the ring's `cap` data bytes; they are free space
-        // (the reader consumed them and will not touch them until `head` is published), so
-        // nothing else reads or writes them meanwhile.
+    /// The ring's `len` data bytes from offset `off`, to write.
+    #[allow(clippy::mut_from_ref)]
+    fn area_mut(&self, off: usize, len: usize) -> &mut [u8] {
+        assert!(off + len <= self.cap, "inside the ring");
+        // SAFETY: `off..off + len` lies inside the ring's `cap` data bytes (asserted). The
+        // writer only asks for free space (the reader consumed it and will not touch it
+        // until `head` is published), and one link side at a time holds it.
         #[allow(unsafe_code)]
         unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.data.as_ptr().add(off), first);
-            std::ptr::copy_nonoverlapping(
-                src.as_ptr().add(first),
-                self.data.as_ptr(),
-                src.len() - first,
-            );
+            std::slice::from_raw_parts_mut(self.data.as_ptr().add(off), len)
         }
+    }
+
+    /// The ring's `len` data bytes from offset `off`, to read.
+    fn area(&self, off: usize, len: usize) -> &[u8] {
+        assert!(off + len <= self.cap, "inside the ring");
+        // SAFETY: inside the data bytes (asserted); the reader only asks for published
+        // bytes (below `head`), which the writer does not reuse until `tail` moves past them.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::slice::from_raw_parts(self.data.as_ptr().add(off), len)
+        }
+    }
+
+    /// Copies `src` into the ring at byte position `at` (wrapping), the way `how` finds
+    /// fastest for bytes the other core reads next.
+    fn put(&self, at: u64, src: &[u8], how: &mut Adaptive) {
+        let off = (at % self.cap as u64) as usize;
+        let first = src.len().min(self.cap - off);
+        let reader = self.read_costs();
+        let way = how.copy(self.area_mut(off, first), &src[..first], reader);
+        self.tag(off, first, way);
+        let way = how.copy(self.area_mut(0, src.len() - first), &src[first..], reader);
+        self.tag(0, src.len() - first, way);
+    }
+
+    /// The reader's published costs (a peer's garbage only sways the choice of stores).
+    fn read_costs(&self) -> Costs {
+        let c = &self.ctrl().read_costs.0;
+        Costs([0, 1].map(|w| f64::from_bits(c[w].load(Ordering::Relaxed))))
+    }
+
+    /// Records how the ring bytes `off..off + len` were written (before `head` publishes
+    /// them, so the reader sees the tag with the bytes).
+    fn tag(&self, off: usize, len: usize, way: usize) {
+        if len == 0 {
+            return;
+        }
+        let slot = |o: usize| o * SLOTS / self.cap;
+        for t in &self.ctrl().ways.0[slot(off)..=slot(off + len - 1)] {
+            t.store(way as u8, Ordering::Relaxed);
+        }
+    }
+
+    /// How the ring byte at offset `off` was written.
+    fn way_at(&self, off: usize) -> usize {
+        usize::from(self.ctrl().ways.0[off * SLOTS / self.cap].load(Ordering::Relaxed) & 1)
     }
 
     /// Copies from the ring at byte position `at` (wrapping) into `dst`.
     fn get(&self, at: u64, dst: &mut [u8]) {
         let off = (at % self.cap as u64) as usize;
         let first = dst.len().min(self.cap - off);
-        // SAFETY: both ranges lie inside the ring's data bytes and were published by the
-        // writer (below `head`), who will not reuse them until `tail` moves past them.
-        #[allow(unsafe_code)]
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.data.as_ptr().add(off), dst.as_mut_ptr(), first);
-            std::ptr::copy_nonoverlapping(
-                self.data.as_ptr(),
-                dst.as_mut_ptr().add(first),
-                dst.len() - first,
-            );
-        }
+        let n = dst.len();
+        copy(&mut dst[..first], self.area(off, first));
+        copy(&mut dst[first..], self.area(0, n - first));
     }
 
     /// The published bytes from `pos` up to the wrap point, in place.
@@ -240,6 +294,10 @@ pub struct ShmLink {
     rx: Ring,
     sock: TcpStream,
     peer_gone: bool,
+    /// How this side writes its ring (plain or streaming stores, by measured speed).
+    stores: Adaptive,
+    /// What reading the incoming ring costs this side, by how its bytes were written.
+    reads: Costs,
 }
 
 // SAFETY: the link owns its mapping and the rings point only into it; the ring protocol
@@ -266,6 +324,8 @@ impl ShmLink {
             rx,
             sock,
             peer_gone: false,
+            stores: Adaptive::default(),
+            reads: Costs::default(),
         })
     }
 
@@ -301,6 +361,23 @@ impl ShmLink {
         {
             self.ring_doorbell();
         }
+    }
+
+    /// Starts timing a read of `n` bytes (only bulk reads are timed).
+    fn read_clock(&self, n: usize) -> Option<Instant> {
+        (n >= STREAM_MIN).then(Instant::now)
+    }
+
+    /// Ends timing a read of the `n` bytes from the ring position, and publishes what it
+    /// cost, by how the bytes were written, for the writer's choice.
+    fn read_timed(&mut self, t: Option<Instant>, n: usize) {
+        let Some(t) = t.filter(|_| n >= STREAM_MIN) else {
+            return;
+        };
+        let way = self.rx.way_at((self.rx.pos % self.rx.cap as u64) as usize);
+        self.reads.add(way, n, t.elapsed().as_nanos());
+        let c = &self.rx.ctrl().read_costs.0;
+        c[way].store(self.reads.0[way].to_bits(), Ordering::Relaxed);
     }
 
     /// The readable bytes up to the ring's wrap point, to use in place (reduce straight out
@@ -344,7 +421,7 @@ impl Link for ShmLink {
                     continue;
                 }
                 let k = (part.len() - off).min(left);
-                self.tx.put(at, &part[off..off + k]);
+                self.tx.put(at, &part[off..off + k], &mut self.stores);
                 at += k as u64;
                 left -= k;
                 off = 0;
@@ -372,7 +449,9 @@ impl Link for ShmLink {
             if n == 0 {
                 break;
             }
+            let t = self.read_clock(n);
             self.rx.get(self.rx.pos, &mut buf[done..done + n]);
+            self.read_timed(t, n);
             self.consume(n);
             done += n;
         }
@@ -393,6 +472,16 @@ impl Link for ShmLink {
 
     fn fd(&self) -> RawFd {
         self.sock.as_raw_fd()
+    }
+
+    fn counters(&self) -> Option<String> {
+        let (own, reader) = (self.stores.own(), self.tx.read_costs());
+        let way = ["plain", "streaming"][self.stores.favoured(reader)];
+        Some(format!(
+            "ring writes {way} (ns/KiB plain/streaming: writing {:.0}/{:.0}, the peer reading \
+             {:.0}/{:.0})",
+            own.0[0], own.0[1], reader.0[0], reader.0[1]
+        ))
     }
 
     fn arm(&mut self, read: bool, write: bool) -> Option<PollFlags> {
@@ -441,13 +530,13 @@ impl Link for ShmLink {
         max: usize,
         f: &mut dyn FnMut(&[u8]) -> usize,
     ) -> Option<io::Result<usize>> {
-        let used = match self.readable() {
-            Ok(avail) => {
-                let take = avail.len().min(max);
-                f(&avail[..take]).min(take)
-            }
+        let n = match self.readable() {
+            Ok(avail) => avail.len().min(max),
             Err(e) => return Some(Err(e)),
         };
+        let t = self.read_clock(n);
+        let used = f(self.rx.contiguous(n)).min(n);
+        self.read_timed(t, used);
         self.consume(used);
         Some(Ok(used))
     }

@@ -585,9 +585,13 @@ fn copy(src: *const u8, dst: *mut u8, len: usize) {
     // layouts never overlap a rank's own part with another's), and by the meeting protocol
     // no other rank touches the destination part meanwhile.
     #[allow(unsafe_code)]
-    unsafe {
-        std::ptr::copy_nonoverlapping(src, dst, len);
-    }
+    let (s, d) = unsafe {
+        (
+            std::slice::from_raw_parts(src, len),
+            std::slice::from_raw_parts_mut(dst, len),
+        )
+    };
+    crate::copy::copy(d, s);
 }
 
 /// Folds the n sources in rank order into every destination, a pass at a time.
