@@ -42,6 +42,12 @@ pub trait Link: Send {
         }
         Some(f)
     }
+    /// Writes all of `a` then `b` as one stream, or nothing (`Ok(false)`: no room now, or
+    /// the transport cannot promise it; then nothing was written).
+    fn write_whole(&mut self, a: &[u8], b: &[u8]) -> io::Result<bool> {
+        let _ = (a, b);
+        Ok(false)
+    }
     /// After a sleep: withdraws the wake-up requests [`Self::arm`] made.
     fn disarm(&mut self) {}
     /// The transport's counters for the logs (retransmissions and the like), if it has any.

@@ -234,6 +234,12 @@ impl Ring {
     fn put(&self, at: u64, src: &[u8], how: &mut Adaptive) {
         let off = (at % self.cap as u64) as usize;
         let first = src.len().min(self.cap - off);
+        if src.len() < STREAM_MIN {
+            // Small: plain stores, untimed and untagged (the reader times bulk reads only).
+            copy(self.area_mut(off, first), &src[..first]);
+            copy(self.area_mut(0, src.len() - first), &src[first..]);
+            return;
+        }
         let reader = self.read_costs();
         let way = how.copy(self.area_mut(off, first), &src[..first], reader);
         self.tag(off, first, way);
@@ -440,6 +446,14 @@ impl Link for ShmLink {
             done += n;
         }
         Ok(done)
+    }
+
+    fn write_whole(&mut self, a: &[u8], b: &[u8]) -> io::Result<bool> {
+        let total = a.len() + b.len();
+        if self.peer_gone || total > PIECE || self.room(total)? < total {
+            return Ok(false);
+        }
+        Ok(self.write_two(a, b)? == total)
     }
 
     fn read_some(&mut self, buf: &mut [u8]) -> io::Result<usize> {

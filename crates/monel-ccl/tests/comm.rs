@@ -870,3 +870,92 @@ fn a_send_that_overtakes_a_peers_collective_waits_for_it() {
     });
     assert_eq!(out[1], (0..400).collect::<Vec<u32>>());
 }
+
+/// Runs a fixed sequence of tiny two-rank AllReduces (every type and reduction, three
+/// counts, in place and out) on random bits; returns each call's output and how many calls
+/// the tiny path finished.
+fn tiny_allreduces(mode: Mode) -> Vec<(Vec<Vec<u8>>, u64)> {
+    ranks_over(mode, 2, Duration::from_secs(30), |c| {
+        let r = c.rank();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ r as u64;
+        let mut outs = Vec::new();
+        for t in DataType::ALL {
+            for op in RedOp::ALL {
+                for count in [1, 3, 256 / t.size()] {
+                    let mine: Vec<u8> = (0..count * t.size())
+                        .map(|_| {
+                            seed ^= seed << 13;
+                            seed ^= seed >> 7;
+                            seed ^= seed << 17;
+                            seed as u8
+                        })
+                        .collect();
+                    let mut out = vec![0u8; mine.len()];
+                    c.all_reduce(&mine, &mut out, count, t, op).unwrap();
+                    let mut inplace = mine.clone();
+                    c.all_reduce_in_place(&mut inplace, count, t, op).unwrap();
+                    assert_eq!(out, inplace, "{t} {op:?} {count}: in place differs");
+                    outs.push(out);
+                }
+            }
+        }
+        (outs, c.tiny_calls())
+    })
+}
+
+/// Tiny AllReduces between two ranks over shared memory take the fast path past the
+/// executor, and give exactly the bits the executor gives for the same direct algorithm
+/// (over TCP, where the fast path never runs).
+#[test]
+fn the_two_rank_tiny_path_gives_the_executors_bits() {
+    let fast = tiny_allreduces(Mode::Shm(64 << 10));
+    let slow = tiny_allreduces(Mode::Tcp);
+    let calls = (DataType::ALL.len() * RedOp::ALL.len() * 3 * 2) as u64;
+    for r in 0..2 {
+        assert_eq!(slow[r].1, 0, "TCP never takes the tiny path");
+        // The peer's frame may be late now and then (the executor takes those calls).
+        assert!(fast[r].1 > calls / 2, "rank {r}: {} of {calls}", fast[r].1);
+        assert_eq!(fast[r].0.len(), slow[r].0.len());
+        for (k, (a, b)) in fast[r].0.iter().zip(&slow[r].0).enumerate() {
+            assert_eq!(a, b, "rank {r}, call {k}");
+        }
+    }
+    // (The two ranks may differ in NaN payloads: each computes mine op theirs, as the
+    // executor does.)
+}
+
+/// The tiny path hands what it does not expect to the executor: a peer that comes late
+/// (the sum is still right), and a peer that calls with another count (a mismatch on both
+/// ranks, before the timeout).
+#[test]
+fn the_tiny_path_hands_late_and_mismatched_peers_to_the_executor() {
+    let t0 = Instant::now();
+    let out = ranks(2, Duration::from_secs(10), |c| {
+        let r = c.rank();
+        if r == 1 {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mut b = f32s([1.0 + r as f32, 10.0]);
+        c.all_reduce_in_place(&mut b, 2, DataType::F32, RedOp::Sum)
+            .unwrap();
+        let late = (to_f32(&b), c.tiny_calls());
+        let count = 2 + r;
+        let mut b = f32s(vec![1.0; count]);
+        let e = c
+            .all_reduce_in_place(&mut b, count, DataType::F32, RedOp::Sum)
+            .unwrap_err();
+        (late, e)
+    });
+    assert!(
+        t0.elapsed() < Duration::from_secs(8),
+        "errors come before the timeout"
+    );
+    for (r, ((sum, _), _)) in out.iter().enumerate() {
+        assert_eq!(sum, &[3.0, 20.0], "rank {r}");
+    }
+    // Rank 0 waited for rank 1 past the spin: the executor finished that call.
+    assert_eq!(out[0].0.1, 0);
+    let errs: Vec<_> = out.into_iter().map(|(_, e)| e).collect();
+    let m = the_mismatch(&errs, "");
+    assert!(m.message.contains("count"), "{m}");
+}
