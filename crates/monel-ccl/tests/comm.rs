@@ -959,3 +959,44 @@ fn the_tiny_path_hands_late_and_mismatched_peers_to_the_executor() {
     let m = the_mismatch(&errs, "");
     assert!(m.message.contains("count"), "{m}");
 }
+
+/// Two ranks on the tiny path: a peer that never calls is named at the timeout with where
+/// it was, and a peer that drops its communicator fails the call at once.
+#[test]
+fn the_tiny_path_names_a_missing_peer_and_sees_a_departed_one() {
+    let errs = ranks(2, Duration::from_millis(1500), |c| {
+        c.barrier().unwrap();
+        if c.rank() == 1 {
+            std::thread::sleep(Duration::from_secs(3));
+            return None;
+        }
+        let mut b = f32s([1.0]);
+        Some(
+            c.all_reduce_in_place(&mut b, 1, DataType::F32, RedOp::Sum)
+                .unwrap_err(),
+        )
+    });
+    let e = errs[0].as_ref().expect("rank 0 failed");
+    assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
+    assert_eq!(e.ranks, vec![1], "{e}");
+    assert!(e.message.contains("rank 1 last seen in barrier #2"), "{e}");
+
+    let t0 = Instant::now();
+    let errs = ranks(2, Duration::from_secs(20), |c| {
+        if c.rank() == 0 {
+            return None;
+        }
+        let mut b = f32s([1.0; 4]);
+        Some(
+            c.all_reduce_in_place(&mut b, 4, DataType::F32, RedOp::Sum)
+                .unwrap_err(),
+        )
+    });
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    let e = errs[1].as_ref().expect("rank 1 failed");
+    assert!(
+        matches!(e.kind, ErrorKind::PeerLost | ErrorKind::RemoteAbort),
+        "{e}"
+    );
+    assert!(e.message.contains("rank 0") || e.ranks.contains(&0), "{e}");
+}
