@@ -171,7 +171,13 @@ impl Costs {
     pub fn add(&mut self, way: usize, bytes: usize, ns: u128) {
         let x = ns as f64 * 1024.0 / bytes.max(1) as f64;
         let c = &mut self.0[way];
-        *c = if *c == 0.0 { x } else { 0.75 * *c + 0.25 * x };
+        // A copy the scheduler interrupted counts as at most four times the estimate, so
+        // one preemption does not swing the choice for long.
+        *c = if *c == 0.0 {
+            x
+        } else {
+            0.75 * *c + 0.25 * x.min(4.0 * *c)
+        };
     }
 }
 
@@ -349,6 +355,9 @@ mod tests {
         assert_eq!(c.0, [0.0, 500.0]);
         c.add(1, 1024, 100);
         assert_eq!(c.0, [0.0, 400.0]);
+        // An outlier (a copy that lost its core) weighs as four times the estimate at most.
+        c.add(1, 1024, 1_000_000);
+        assert_eq!(c.0, [0.0, 700.0]);
         // And it copies.
         let src: Vec<u8> = (0..70_000u32).map(|i| i as u8).collect();
         let mut dst = vec![0u8; 70_000];

@@ -359,6 +359,11 @@ impl ShmLink {
 
     /// Releases `n` read bytes ([`Self::readable`]'s or copied out) to the writer.
     pub fn consume(&mut self, n: usize) {
+        if n == 0 {
+            // Nothing to release: leave the writer's line alone (a polling reader would
+            // otherwise store to it on every look).
+            return;
+        }
         self.rx.pos += n as u64;
         let c = self.rx.ctrl();
         c.tail.0.store(self.rx.pos, Ordering::SeqCst);
