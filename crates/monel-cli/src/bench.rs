@@ -44,7 +44,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value = "table")]
     format: String,
     /// Instead of a fixed -n, time each size for about this many milliseconds (the count
-    /// comes from the warm-up calls, the same on every rank).
+    /// comes from timing batches of warm calls, the same on every rank).
     #[arg(short = 'T', long = "target_ms")]
     target_ms: Option<f64>,
     /// Buffer registration, as nccl-tests' -R: 0 ordinary memory; 1 (or 2) symmetric
@@ -123,7 +123,7 @@ struct Row {
 }
 
 /// Times `call`: `warmup` calls (at least one), then `iters` calls or, with `target_ms`, as
-/// many as the warm-up says fit in that time (the same count on every rank). Returns the
+/// many as fit in that time by a calibration on warm calls (the same count on every rank). Returns the
 /// slowest rank's mean microseconds per call, as nccl-tests reports.
 pub(crate) fn time_calls(
     comm: &mut Communicator,
@@ -140,14 +140,28 @@ pub(crate) fn time_calls(
         Ok(f64::from_le_bytes(b))
     };
     comm.barrier().map_err(ccl)?;
-    let t0 = Instant::now();
     for _ in 0..warmup.max(1) {
         call(comm)?;
     }
     let iters = match target_ms {
         Some(ms) => {
-            let per = t0.elapsed().as_secs_f64() / warmup.max(1) as f64;
-            max_of(comm, (ms / 1e3 / per.max(1e-9)).clamp(3.0, 20000.0))? as usize
+            // Calibrate on warm calls: batches doubling until one takes a tenth of the
+            // target (the slowest rank's time decides, so all ranks stop together). The
+            // first calls after init or a new size can be far slower than the rest; a count
+            // taken from them made the timed loop too short for its mean to mean much.
+            let mut k = 1usize;
+            let per = loop {
+                let t = Instant::now();
+                for _ in 0..k {
+                    call(comm)?;
+                }
+                let took = max_of(comm, t.elapsed().as_secs_f64())?;
+                if took >= ms / 1e4 || k >= 1 << 20 {
+                    break took / k as f64;
+                }
+                k *= 2;
+            };
+            (ms / 1e3 / per.max(1e-9)).clamp(3.0, 1e6) as usize
         }
         None => iters.max(1),
     };
