@@ -322,6 +322,47 @@ fn launch_runs_a_checked_collective_benchmark() {
     }
 }
 
+/// `monel bench -T` times each size for a target time: the ranks calibrate on batches of
+/// warm calls together (a rank that decided alone would leave the others waiting in a
+/// collective it never calls) and every element checks out.
+#[test]
+fn bench_with_a_target_time_calibrates_on_every_rank_alike() {
+    let out = Command::new(env!("CARGO_BIN_EXE_monel"))
+        .args([
+            "launch",
+            "-n",
+            "3",
+            "--",
+            env!("CARGO_BIN_EXE_monel"),
+            "bench",
+            "all_reduce",
+        ])
+        .args([
+            "-b", "8", "-e", "8K", "-f", "32", "-T", "20", "--format", "csv",
+        ])
+        .env("MONEL_TIMEOUT", "30")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+        .map(|l| l.split(',').collect())
+        .collect();
+    assert_eq!(rows.len(), 3, "8 B, 256 B, 8 KiB: {text}");
+    for r in &rows {
+        // size,count,type,redop,root,time,algbw,busbw,#wrong, then in place likewise
+        let (oop, ip): (f64, f64) = (r[5].parse().unwrap(), r[9].parse().unwrap());
+        assert!(oop > 0.0 && ip > 0.0, "{r:?}");
+        assert_eq!((r[8], r[12]), ("0", "0"), "{r:?}");
+    }
+}
+
 /// A rank that dies takes the job down with a non-zero status, and the survivors say
 /// which rank is gone instead of hanging.
 #[test]
