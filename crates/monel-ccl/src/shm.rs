@@ -880,6 +880,56 @@ mod tests {
         assert_eq!(a.read_some(&mut p).unwrap(), 0);
     }
 
+    /// The writer's choice of stores is fed by the reader: bulk reads are timed by how
+    /// their bytes were written (the tag the writer left) and published in the ring's
+    /// control page; when the reader says plain bytes cost it dearly, the writer streams,
+    /// and the bytes arrive intact either way.
+    #[test]
+    fn the_reader_s_costs_reach_the_writer_and_steer_its_stores() {
+        let cap = 256 << 10;
+        let (mut a, mut b) = pair(cap);
+        let msg: Vec<u8> = (0..(1usize << 20)).map(|i| (i * 13 % 251) as u8).collect();
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 64 << 10];
+        let mut round = |a: &mut ShmLink, b: &mut ShmLink| {
+            let mut sent = 0;
+            got.clear();
+            while got.len() < msg.len() {
+                sent += a.write_some(&msg[sent..]).unwrap();
+                let n = b.read_some(&mut buf).unwrap();
+                got.extend_from_slice(&buf[..n]);
+            }
+            assert_eq!(got, msg);
+        };
+        round(&mut a, &mut b);
+        // Both ways were tried and the reader timed both.
+        let seen = a.tx.read_costs();
+        assert!(seen.0.iter().all(|&c| c > 0.0), "{seen:?}");
+        assert_eq!(seen, b.reads, "the writer sees what the reader published");
+        assert!(a.stores.own().0.iter().all(|&c| c > 0.0));
+        // A reader for whom plain bytes cost a thousand times more: the writer streams
+        // (every copy but the exploring ones), tagging the ring as it goes.
+        let line = &a.tx.ctrl().read_costs.0;
+        line[0].store(1e9f64.to_bits(), Ordering::Relaxed);
+        assert_eq!(a.stores.favoured(a.tx.read_costs()), 1);
+        let at = (a.tx.pos % cap as u64) as usize;
+        a.write_some(&msg[..cap / 2]).unwrap();
+        // Two 64 KiB copies: at most one explores plain stores.
+        let streamed = (0..cap / 2)
+            .step_by(cap / SLOTS)
+            .filter(|&o| a.tx.way_at((at + o) % cap) == 1)
+            .count();
+        assert!(streamed >= SLOTS / 4, "{streamed} of {} parts", SLOTS / 2);
+        let text = a.counters().unwrap();
+        assert!(text.starts_with("ring writes streaming"), "{text}");
+        let mut half = vec![0u8; cap / 2];
+        let mut n = 0;
+        while n < half.len() {
+            n += b.read_some(&mut half[n..]).unwrap();
+        }
+        assert_eq!(half, msg[..cap / 2]);
+    }
+
     #[test]
     fn a_full_ring_takes_no_more_and_a_dead_peer_is_seen() {
         let (mut a, b) = pair(PAGE);
