@@ -27,13 +27,22 @@ def main():
             print(f"size {size}: wrong result", file=sys.stderr)
             sys.exit(1)
         dist.barrier()
-        t0 = time.perf_counter()
         for _ in range(3):
             dist.all_reduce(t)
-        per = (time.perf_counter() - t0) / 3
-        iters = torch.tensor([min(20000, max(3, int(target / per)))])
-        dist.broadcast(iters, 0)
-        iters = int(iters.item())
+        # Batches doubling until one takes a tenth of the target (the slowest rank's time
+        # decides, so every rank stops alike): the batch size.
+        k = 1
+        while True:
+            t0 = time.perf_counter()
+            for _ in range(k):
+                dist.all_reduce(t)
+            took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(took, op=dist.ReduceOp.MAX)
+            if took.item() >= target / 10 or k >= 1 << 20:
+                per = took.item() / k
+                break
+            k *= 2
+        iters = min(1_000_000, max(3, int(target / per)))
         dist.barrier()
         t0 = time.perf_counter()
         for _ in range(iters):

@@ -27,18 +27,28 @@ int main(int argc, char **argv) {
             if (rank == 0) fprintf(stderr, "size %ld: %d wrong elements\n", size, wrong);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
-        /* Warm-up, timed to size the batch (every rank uses rank 0's choice). */
+        /* Warm-up, then batches doubling until one takes a tenth of the target (the
+         * slowest rank's time decides, so every rank stops alike): the batch size. */
         MPI_Barrier(MPI_COMM_WORLD);
-        double t0 = MPI_Wtime();
         for (int i = 0; i < 3; i++)
             MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-        double per = (MPI_Wtime() - t0) / 3;
+        double per;
+        for (long k = 1;; k *= 2) {
+            double t0 = MPI_Wtime(), took;
+            for (long i = 0; i < k; i++)
+                MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            took = MPI_Wtime() - t0;
+            MPI_Allreduce(MPI_IN_PLACE, &took, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+            if (took >= target / 10 || k >= 1L << 20) {
+                per = took / k;
+                break;
+            }
+        }
         long iters = per > 0 ? (long)(target / per) : 10000;
         if (iters < 3) iters = 3;
-        if (iters > 20000) iters = 20000;
-        MPI_Bcast(&iters, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+        if (iters > 1000000) iters = 1000000;
         MPI_Barrier(MPI_COMM_WORLD);
-        t0 = MPI_Wtime();
+        double t0 = MPI_Wtime();
         for (long i = 0; i < iters; i++)
             MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         double us = (MPI_Wtime() - t0) * 1e6 / iters, slowest;
