@@ -279,6 +279,28 @@ impl Ring {
         copy(&mut dst[first..], self.area(0, n - first));
     }
 
+    /// Asks for the cache lines where the next bytes will land, while nothing is there: the
+    /// writer's stores take them away again, and the next look fetches them alongside
+    /// `head`, instead of after it (one wait for another core's lines per message, not two).
+    fn prefetch_next(&self) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            let off = (self.pos % self.cap as u64) as usize;
+            for k in [0, 64] {
+                let at = (off + k) % self.cap;
+                let p = self.data.as_ptr().wrapping_add(at).cast::<i8>();
+                // SAFETY: a prefetch is a hint that reads nothing into the program and
+                // cannot fault (the address lies inside the ring's data bytes anyway, as
+                // `at < cap`); SSE is part of x86-64.
+                #[allow(unsafe_code)]
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T0>(p);
+                }
+            }
+        }
+    }
+
     /// The published bytes from `pos` up to the wrap point, in place.
     fn contiguous(&self, len: usize) -> &[u8] {
         let off = (self.pos % self.cap as u64) as usize;
@@ -553,6 +575,10 @@ impl Link for ShmLink {
             Ok(avail) => avail.len().min(max),
             Err(e) => return Some(Err(e)),
         };
+        if n == 0 {
+            self.rx.prefetch_next();
+            return Some(Ok(0));
+        }
         let t = self.read_clock(n);
         let used = f(self.rx.contiguous(n)).min(n);
         self.read_timed(t, used);
