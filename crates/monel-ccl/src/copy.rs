@@ -93,29 +93,48 @@ fn backward_avx2(dst: &mut [u8], src: &[u8]) {
 /// 64 bytes a step, in 16-byte moves (SSE2: every x86-64 has it).
 #[cfg(target_arch = "x86_64")]
 fn backward_sse2(dst: &mut [u8], src: &[u8]) {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_storeu_si128};
     let head = dst.len() % 64;
     let (dh, dt) = dst.split_at_mut(head);
     let (sh, st) = src.split_at(head);
     for (d, s) in dt.chunks_exact_mut(64).rev().zip(st.chunks_exact(64).rev()) {
-        let p = s.as_ptr().cast::<__m128i>();
-        let q = d.as_mut_ptr().cast::<__m128i>();
-        // SAFETY: `s` and `d` are 64 bytes each (exact chunks), so the four 16-byte
-        // unaligned loads and stores stay inside them; SSE2 is part of x86-64.
-        #[allow(unsafe_code)]
-        unsafe {
-            let v = [
-                _mm_loadu_si128(p),
-                _mm_loadu_si128(p.add(1)),
-                _mm_loadu_si128(p.add(2)),
-                _mm_loadu_si128(p.add(3)),
-            ];
-            for (k, x) in v.into_iter().enumerate() {
+        step64(d, s, false);
+    }
+    dh.copy_from_slice(sh);
+}
+
+/// Moves 64 bytes from `s` to `d` in four 16-byte steps (SSE2: every x86-64 has it):
+/// unaligned loads, then plain stores or (`stream`) streaming ones, which need `d` on a
+/// 16-byte boundary.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn step64(d: &mut [u8], s: &[u8], stream: bool) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_storeu_si128, _mm_stream_si128};
+    assert!(d.len() == 64 && s.len() == 64, "64-byte steps");
+    assert!(
+        !stream || d.as_ptr().align_offset(16) == 0,
+        "streaming stores need alignment"
+    );
+    let p = s.as_ptr().cast::<__m128i>();
+    let q = d.as_mut_ptr().cast::<__m128i>();
+    // SAFETY: `s` and `d` are 64 bytes each (asserted), so the four 16-byte loads stay
+    // inside `s` and the four stores inside `d`; streaming stores get the 16-byte alignment
+    // they require (asserted); SSE2 is part of x86-64.
+    #[allow(unsafe_code)]
+    unsafe {
+        let v = [
+            _mm_loadu_si128(p),
+            _mm_loadu_si128(p.add(1)),
+            _mm_loadu_si128(p.add(2)),
+            _mm_loadu_si128(p.add(3)),
+        ];
+        for (k, x) in v.into_iter().enumerate() {
+            if stream {
+                _mm_stream_si128(q.add(k), x);
+            } else {
                 _mm_storeu_si128(q.add(k), x);
             }
         }
     }
-    dh.copy_from_slice(sh);
 }
 
 /// Copies shorter than this go to [`copy`] in [`stream`] (a streaming store pays off only
@@ -236,7 +255,7 @@ impl Adaptive {
 
 #[cfg(target_arch = "x86_64")]
 fn stream_bulk(dst: &mut [u8], src: &[u8]) {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    use std::arch::x86_64::_mm_sfence;
     // Up to the first 64-byte boundary of the destination, and the tail, by plain copies.
     let head = dst.as_ptr().align_offset(64).min(dst.len());
     let (dh, rest) = dst.split_at_mut(head);
@@ -246,24 +265,7 @@ fn stream_bulk(dst: &mut [u8], src: &[u8]) {
     let (db, dt) = rest.split_at_mut(body);
     let (sb, st) = srest.split_at(body);
     for (d, s) in db.chunks_exact_mut(64).zip(sb.chunks_exact(64)) {
-        let p = s.as_ptr().cast::<__m128i>();
-        let q = d.as_mut_ptr().cast::<__m128i>();
-        // SAFETY: `s` and `d` are 64 bytes each (exact chunks) and `d` starts on a 64-byte
-        // boundary (the head above aligned it), so the four 16-byte loads stay inside `s`
-        // and the four streaming stores are inside `d` and 16-byte aligned, as
-        // `_mm_stream_si128` requires; SSE2 is part of x86-64.
-        #[allow(unsafe_code)]
-        unsafe {
-            let v = [
-                _mm_loadu_si128(p),
-                _mm_loadu_si128(p.add(1)),
-                _mm_loadu_si128(p.add(2)),
-                _mm_loadu_si128(p.add(3)),
-            ];
-            for (k, x) in v.into_iter().enumerate() {
-                _mm_stream_si128(q.add(k), x);
-            }
-        }
+        step64(d, s, true);
     }
     dt.copy_from_slice(st);
     // SAFETY: a store fence has no memory-safety preconditions.
@@ -282,48 +284,54 @@ fn stream_bulk(dst: &mut [u8], src: &[u8]) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn every_offset_and_length_copies_exactly() {
-        let src: Vec<u8> = (0..20_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
-        let mut dst = vec![0u8; 20_000];
-        for so in [0, 1, 8, 16, 31, 63] {
-            for dof in [0, 1, 8, 16, 24, 31, 32, 40, 4097] {
-                for len in [0, 1, 63, 64, 65, 2047, 2048, 2049, 4096 + 17, 8000] {
+    /// Runs `f` as a copy between every pair of offsets and every length given, checking
+    /// the bytes copied and that nothing around the destination was touched.
+    fn copies_exactly(
+        f: impl Fn(&mut [u8], &[u8]),
+        offsets: (&[usize], &[usize]),
+        lens: &[usize],
+        what: &str,
+    ) {
+        let src: Vec<u8> = (0..40_000u32).map(|i| (i * 13 + i / 97) as u8).collect();
+        let mut dst = vec![0u8; 40_000];
+        for &so in offsets.0 {
+            for &dof in offsets.1 {
+                for &len in lens {
                     dst.fill(0xee);
-                    copy(&mut dst[dof..dof + len], &src[so..so + len]);
-                    assert_eq!(&dst[dof..dof + len], &src[so..so + len], "{so} {dof} {len}");
-                    // The backward path whatever the addresses (copy takes it only in the band).
-                    dst.fill(0xee);
-                    backward(&mut dst[dof..dof + len], &src[so..so + len]);
-                    assert_eq!(&dst[dof..dof + len], &src[so..so + len], "{so} {dof} {len}");
-                    #[cfg(target_arch = "x86_64")]
-                    {
-                        dst.fill(0xee);
-                        backward_sse2(&mut dst[dof..dof + len], &src[so..so + len]);
-                    }
-                    assert_eq!(&dst[dof..dof + len], &src[so..so + len], "{so} {dof} {len}");
-                    assert!(dst[..dof].iter().all(|&b| b == 0xee), "wrote before");
-                    assert!(dst[dof + len..].iter().all(|&b| b == 0xee), "wrote after");
+                    f(&mut dst[dof..dof + len], &src[so..so + len]);
+                    let at = format!("{what}: {so} {dof} {len}");
+                    assert_eq!(&dst[dof..dof + len], &src[so..so + len], "{at}");
+                    assert!(dst[..dof].iter().all(|&b| b == 0xee), "wrote before: {at}");
+                    assert!(
+                        dst[dof + len..].iter().all(|&b| b == 0xee),
+                        "wrote after: {at}"
+                    );
                 }
             }
         }
     }
 
     #[test]
+    fn every_offset_and_length_copies_exactly() {
+        let offsets: (&[usize], &[usize]) =
+            (&[0, 1, 8, 16, 31, 63], &[0, 1, 8, 16, 24, 31, 32, 40, 4097]);
+        let lens = [0, 1, 63, 64, 65, 2047, 2048, 2049, 4096 + 17, 8000];
+        copies_exactly(copy, offsets, &lens, "copy");
+        // The backward paths whatever the addresses (copy takes them only in the band).
+        copies_exactly(backward, offsets, &lens, "backward");
+        #[cfg(target_arch = "x86_64")]
+        copies_exactly(backward_sse2, offsets, &lens, "backward_sse2");
+    }
+
+    #[test]
     fn streaming_copies_every_alignment_exactly() {
-        let src: Vec<u8> = (0..40_000u32).map(|i| (i * 13 + i / 97) as u8).collect();
-        let mut dst = vec![0u8; 40_000];
-        for so in [0, 3, 16, 63] {
-            for dof in [0, 1, 17, 32, 63, 64] {
-                for len in [0, 100, 4095, 4096, 4097, 4096 + 64, 30_000 + 7] {
-                    dst.fill(0xee);
-                    stream(&mut dst[dof..dof + len], &src[so..so + len]);
-                    assert_eq!(&dst[dof..dof + len], &src[so..so + len], "{so} {dof} {len}");
-                    assert!(dst[..dof].iter().all(|&b| b == 0xee), "wrote before");
-                    assert!(dst[dof + len..].iter().all(|&b| b == 0xee), "wrote after");
-                }
-            }
-        }
+        let lens = [0, 100, 4095, 4096, 4097, 4096 + 64, 30_000 + 7];
+        copies_exactly(
+            stream,
+            (&[0, 3, 16, 63], &[0, 1, 17, 32, 63, 64]),
+            &lens,
+            "stream",
+        );
     }
 
     #[test]

@@ -318,15 +318,17 @@ fn ranks_that_force_different_algorithms_fail_on_every_rank() {
 #[test]
 fn a_missing_rank_is_named_with_where_it_was() {
     for mode in [Mode::Shm(64 << 10), Mode::Rdma(1 << 20), Mode::Tcp] {
-        missing_rank(mode);
+        missing_rank(mode, 3);
     }
 }
 
-fn missing_rank(mode: Mode) {
-    let errs = ranks_over(mode, 3, Duration::from_millis(1500), |c| {
+/// `n` ranks, the last of which never calls the all-reduce: the others name it.
+fn missing_rank(mode: Mode, n: usize) {
+    let last = n - 1;
+    let errs = ranks_over(mode, n, Duration::from_millis(1500), move |c| {
         c.barrier().unwrap();
-        if c.rank() == 2 {
-            // Rank 2 never calls the all-reduce; it waits until the others gave up.
+        if c.rank() == last {
+            // It waits until the others gave up.
             std::thread::sleep(Duration::from_secs(4));
             return None;
         }
@@ -336,24 +338,28 @@ fn missing_rank(mode: Mode) {
                 .unwrap_err(),
         )
     });
-    for e in errs.into_iter().flatten() {
+    let errs: Vec<_> = errs.into_iter().flatten().collect();
+    assert_eq!(errs.len(), last);
+    for e in errs {
         assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
-        assert_eq!(e.ranks, vec![2], "{e}");
+        assert_eq!(e.ranks, vec![last], "{e}");
         // Call #1 is init's own (the ranks agreeing on the cost model).
-        assert!(e.message.contains("rank 2 last seen in barrier #2"), "{e}");
+        let seen = format!("rank {last} last seen in barrier #2");
+        assert!(e.message.contains(&seen), "{e}");
     }
 }
 
 #[test]
 fn a_departed_rank_fails_its_peers_fast() {
     for mode in MODES {
-        departed_rank(mode);
+        departed_rank(mode, 3);
     }
 }
 
-fn departed_rank(mode: Mode) {
+/// `n` ranks, rank 0 of which drops its communicator: the others fail fast, naming it.
+fn departed_rank(mode: Mode, n: usize) {
     let t0 = Instant::now();
-    let errs = ranks_over(mode, 3, Duration::from_secs(20), |c| {
+    let errs = ranks_over(mode, n, Duration::from_secs(20), |c| {
         if c.rank() == 0 {
             return None; // drops its communicator: its peers get a goodbye
         }
@@ -364,7 +370,9 @@ fn departed_rank(mode: Mode) {
         )
     });
     assert!(t0.elapsed() < Duration::from_secs(10));
-    for e in errs.into_iter().flatten() {
+    let errs: Vec<_> = errs.into_iter().flatten().collect();
+    assert_eq!(errs.len(), n - 1);
+    for e in errs {
         assert!(
             matches!(e.kind, ErrorKind::PeerLost | ErrorKind::RemoteAbort),
             "{e}"
@@ -960,43 +968,11 @@ fn the_tiny_path_hands_late_and_mismatched_peers_to_the_executor() {
     assert!(m.message.contains("count"), "{m}");
 }
 
-/// Two ranks on the tiny path: a peer that never calls is named at the timeout with where
-/// it was, and a peer that drops its communicator fails the call at once.
+/// Two ranks on the tiny path (a 4-byte and a 256-byte AllReduce): a peer that never calls
+/// is named at the timeout with where it was, and a peer that drops its communicator fails
+/// the call at once.
 #[test]
 fn the_tiny_path_names_a_missing_peer_and_sees_a_departed_one() {
-    let errs = ranks(2, Duration::from_millis(1500), |c| {
-        c.barrier().unwrap();
-        if c.rank() == 1 {
-            std::thread::sleep(Duration::from_secs(3));
-            return None;
-        }
-        let mut b = f32s([1.0]);
-        Some(
-            c.all_reduce_in_place(&mut b, 1, DataType::F32, RedOp::Sum)
-                .unwrap_err(),
-        )
-    });
-    let e = errs[0].as_ref().expect("rank 0 failed");
-    assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
-    assert_eq!(e.ranks, vec![1], "{e}");
-    assert!(e.message.contains("rank 1 last seen in barrier #2"), "{e}");
-
-    let t0 = Instant::now();
-    let errs = ranks(2, Duration::from_secs(20), |c| {
-        if c.rank() == 0 {
-            return None;
-        }
-        let mut b = f32s([1.0; 4]);
-        Some(
-            c.all_reduce_in_place(&mut b, 4, DataType::F32, RedOp::Sum)
-                .unwrap_err(),
-        )
-    });
-    assert!(t0.elapsed() < Duration::from_secs(10));
-    let e = errs[1].as_ref().expect("rank 1 failed");
-    assert!(
-        matches!(e.kind, ErrorKind::PeerLost | ErrorKind::RemoteAbort),
-        "{e}"
-    );
-    assert!(e.message.contains("rank 0") || e.ranks.contains(&0), "{e}");
+    missing_rank(Mode::Shm(64 << 10), 2);
+    departed_rank(Mode::Shm(64 << 10), 2);
 }

@@ -285,31 +285,31 @@ fn perf_refuses_a_peer_without_the_secret() {
     assert_ne!(code, 0, "{sout}");
 }
 
+/// `monel launch -n N -- monel bench OP ARGS...`: its standard output, after checking that
+/// every rank succeeded.
+fn launch_bench(n: usize, op: &str, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_monel"))
+        .args(["launch", "-n", &n.to_string(), "--"])
+        .args([env!("CARGO_BIN_EXE_monel"), "bench", op])
+        .args(args)
+        .env("MONEL_TIMEOUT", "30")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{op}: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 /// `monel launch` starts three ranks of `monel bench`, which bootstrap from torchrun's
 /// variables, run every size out of place and in place, and check every element.
 #[test]
 fn launch_runs_a_checked_collective_benchmark() {
     for op in ["all_reduce", "reduce_scatter", "alltoall"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_monel"))
-            .args([
-                "launch",
-                "-n",
-                "3",
-                "--",
-                env!("CARGO_BIN_EXE_monel"),
-                "bench",
-                op,
-            ])
-            .args(["-b", "8", "-e", "96K", "-f", "16", "-n", "2"])
-            .env("MONEL_TIMEOUT", "30")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{op}: {text}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = launch_bench(3, op, &["-b", "8", "-e", "96K", "-f", "16", "-n", "2"]);
         assert!(
             text.contains("# Out of bounds values : 0 OK"),
             "{op}: {text}"
@@ -327,27 +327,12 @@ fn launch_runs_a_checked_collective_benchmark() {
 /// collective it never calls) and every element checks out.
 #[test]
 fn bench_with_a_target_time_calibrates_on_every_rank_alike() {
-    let out = Command::new(env!("CARGO_BIN_EXE_monel"))
-        .args([
-            "launch",
-            "-n",
-            "3",
-            "--",
-            env!("CARGO_BIN_EXE_monel"),
-            "bench",
-            "all_reduce",
-        ])
-        .args([
+    let text = launch_bench(
+        3,
+        "all_reduce",
+        &[
             "-b", "8", "-e", "8K", "-f", "32", "-T", "20", "--format", "csv",
-        ])
-        .env("MONEL_TIMEOUT", "30")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
     let rows: Vec<Vec<&str>> = text
         .lines()
