@@ -533,6 +533,41 @@ fn watch_idle(ctx: &mut Ctx<'_>, peer: usize, done_with: bool) -> Result<bool> {
     }
 }
 
+/// A send to `peer` failed because its link is gone. A rank that fails sends its reason (an
+/// abort frame) before it leaves, so if one waits unread on the link, behind data this rank
+/// has not taken yet, that reason is the error: the lost link would blame the messenger for
+/// the rank that failed first. `skip`: unread bytes of the frame being received, before the
+/// next frame starts.
+fn reason_behind(ctx: &mut Ctx<'_>, peer: usize, skip: usize) -> Option<CclError> {
+    if skip > SCAN_MAX {
+        return None;
+    }
+    let what = ctx.name.what();
+    let link = ctx.links.link(peer).ok()?;
+    let mut buf = vec![0u8; skip + SCAN_MAX];
+    let n = link.peek(&mut buf).ok()?;
+    let body = abort_in(&buf[..n], skip)?;
+    Some(abort_error(peer, &what, &buf[body]))
+}
+
+/// Unread bytes [`reason_behind`] looks through for an abort frame.
+const SCAN_MAX: usize = 64 << 10;
+
+/// Where the payload of the first abort frame in `bytes` lies, frames starting at `at`;
+/// `None` when the frames there hold none (or stop making sense).
+fn abort_in(bytes: &[u8], mut at: usize) -> Option<std::ops::Range<usize>> {
+    while at + HEADER_LEN <= bytes.len() {
+        let h = Header::decode(bytes[at..at + HEADER_LEN].try_into().ok()?)?;
+        let body = at + HEADER_LEN;
+        let end = body.checked_add(h.len as usize)?;
+        if h.kind == FRAME_ABORT {
+            return Some(body..end.min(bytes.len()));
+        }
+        at = end;
+    }
+    None
+}
+
 /// Waits briefly without sleeping: one pause hint (about 70 ns on recent Intel cores), and
 /// every `every` rounds a yield, so a peer that shares this core runs.
 fn spin_pause(round: u32, every: u32) {
@@ -645,7 +680,25 @@ pub(crate) fn run(
                 if driven[s.peer] & 1 != 0 {
                     continue;
                 }
-                progress |= s.drive(ctx, bufs)?;
+                progress |= match s.drive(ctx, bufs) {
+                    Ok(p) => p,
+                    Err(e) if e.kind == ErrorKind::PeerLost => {
+                        // Where this side stands in the peer's incoming stream: the frame
+                        // boundary the unread bytes start from, if any.
+                        let skip = recvs.iter().find(|r| r.peer == s.peer && !r.done).map_or(
+                            Some(0),
+                            |r| match (r.hdr_got, r.in_frame) {
+                                (0, true) => Some(r.frame_left),
+                                (0, false) => Some(0),
+                                _ => None,
+                            },
+                        );
+                        return Err(skip
+                            .and_then(|k| reason_behind(ctx, s.peer, k))
+                            .unwrap_or(e));
+                    }
+                    Err(e) => return Err(e),
+                };
                 ctx.links.mid_frame[s.peer] = s.in_frame || s.hdr_sent > 0;
                 if !s.done {
                     driven[s.peer] |= 1;
@@ -791,5 +844,60 @@ fn write_all_bounded(links: &mut Links, frame: &[u8]) {
                 Err(_) => break,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
+        let sig = Signature {
+            seq: 4,
+            coll: 1,
+            dtype: 7,
+            op: 0,
+            root: 0,
+            count: 3,
+            algo: 1,
+        };
+        let mut f = Header {
+            kind,
+            sig,
+            len: payload.len() as u32,
+        }
+        .encode()
+        .to_vec();
+        f.extend_from_slice(payload);
+        f
+    }
+
+    /// The reason a failed rank sent is found behind data this rank has not read, from the
+    /// middle of a frame too, and turns back into the error it was.
+    #[test]
+    fn an_abort_waiting_behind_data_is_found_and_decoded() {
+        let why = CclError::new(ErrorKind::PeerLost, "rank 0 left").with_ranks(vec![0]);
+        let mut bytes = vec![7u8; 5]; // the rest of a frame being received
+        bytes.extend(frame(FRAME_DATA, &[1; 12]));
+        bytes.extend(frame(FRAME_CLOSE, &[]));
+        bytes.extend(frame(FRAME_ABORT, &abort_payload(1, &why)));
+        let body = abort_in(&bytes, 5).expect("found");
+        let e = abort_error(1, "all_reduce #4", &bytes[body]);
+        assert_eq!(e.kind, ErrorKind::PeerLost);
+        assert_eq!(e.ranks, vec![0]);
+        assert!(e.message.contains("rank 0 left"), "{e}");
+        // Without the abort, or out of step with the frames, or cut short: nothing, or what
+        // arrived of it.
+        let data_only = frame(FRAME_DATA, &[1; 12]);
+        assert_eq!(abort_in(&data_only, 0), None);
+        assert_eq!(
+            abort_in(&bytes, 3),
+            None,
+            "garbage where a header should be"
+        );
+        let cut = &bytes[..bytes.len() - 2];
+        let body = abort_in(cut, 5).expect("found");
+        assert_eq!(body.end, cut.len());
+        assert_eq!(abort_in(&bytes[..20], 0), None);
     }
 }
