@@ -6,12 +6,12 @@
 //! address has the same low 12 bits. Measured on the project's 2-core VM, 64 KiB pieces:
 //! about 36 GB/s apart from that band, 3.5-11 GB/s inside it.
 //!
-//! Collectives hit the band by chance: a frame header shifts where the next payload lands
-//! in a shared-memory ring, so from one call to the next a rank's copies into and out of
-//! its rings fall in or out of it, and a 4-rank AllReduce of 32 MiB took 12 ms or 30-50 ms
-//! by the luck of the offsets. [`copy`] copies such pairs backwards instead, where a load
-//! never follows a store to the same low address bits, and hands every other pair to
-//! `memcpy`.
+//! Collectives can hit the band by chance: a frame header shifts where the next payload
+//! lands in a shared-memory ring, so a rank's copies into and out of its rings fall in or
+//! out of it from one call to the next. (How often that costs a collective measurably was
+//! not separated from the VM's slow cross-core spells, which [`Adaptive`] answers.)
+//! [`copy`] copies such pairs backwards instead, where a load never follows a store to the
+//! same low address bits, and hands every other pair to `memcpy`.
 
 /// Copies shorter than this go straight to `memcpy` (too short for the band to matter).
 const MIN: usize = 2048;
