@@ -172,8 +172,8 @@ pub fn stream(dst: &mut [u8], src: &[u8]) {
 /// is three times as fast (about 120 us against 330-520 us). The writer alone cannot tell:
 /// streaming stores are fast for it in both spells, the reader pays for them in good ones.
 /// So the writer times its copies ([`Self::copy`]), the reader times its reads of the bytes
-/// each way ([`Costs`], shared between them), the cheaper sum is kept, and one copy in
-/// [`EXPLORE`] tries the other way.
+/// each way ([`Costs`], shared between them), the cheaper sum is kept, and one copy in 32
+/// tries the other way.
 #[derive(Debug, Default)]
 pub struct Adaptive {
     /// The writer's nanoseconds per KiB by way (0: plain, 1: streaming); 0.0 until tried.
