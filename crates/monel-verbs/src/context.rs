@@ -55,7 +55,8 @@ pub struct ContextConfig {
     pub ecn: bool,
     /// Congestion control for new QPs.
     pub congestion: CongestionConfig,
-    /// Datagrams per sendmmsg/recvmmsg batch.
+    /// Datagrams per recvmmsg batch; a send batch holds four times as many packets (a
+    /// sendmmsg carries several GSO messages of up to 15 4 KiB packets each).
     pub batch: usize,
     /// UDP segmentation offload: a run of equal-size packets to one peer leaves as one GSO
     /// message, each segment's ICRC computed for the IPv4 ID the kernel will give it; and

@@ -457,3 +457,40 @@ fn a_fenced_write_waits_for_the_read_before_it() {
     bmr.read(0, &mut got).unwrap();
     assert!(got == pattern(N, 2));
 }
+
+/// A 512 KiB WRITE at MTU 4096 is 128 packets, as many as may be unacknowledged: the send
+/// batch takes them all, so they leave in GSO messages through one sendmmsg (two if a flush
+/// falls between), not one call per 32 packets.
+#[test]
+fn a_512_kib_write_leaves_in_one_or_two_send_calls() {
+    let (a, b) = pair(160, 24823, Mtu::Mtu4096);
+    let amr =
+        a.pd.reg_mr(pattern(512 << 10, 3), AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    let bmr =
+        b.pd.reg_mr(
+            vec![0u8; 512 << 10],
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )
+        .unwrap();
+    let before = a.ctx.counters();
+    a.qp.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Write(RemoteAddr {
+            addr: bmr.addr(),
+            rkey: bmr.rkey(),
+        }),
+        sg_list: vec![amr.sge(0, 512 << 10)],
+        flags: signaled(),
+    })
+    .unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    let after = a.ctx.counters();
+    let mut got = vec![0u8; 512 << 10];
+    bmr.read(0, &mut got).unwrap();
+    assert_eq!(got, pattern(512 << 10, 3));
+    assert_eq!(after.tx_packets - before.tx_packets, 128, "{after}");
+    let calls = after.tx_batches - before.tx_batches;
+    assert!((1..=2).contains(&calls), "{calls} send calls: {after}");
+    assert!(after.tx_segmented - before.tx_segmented >= 120, "{after}");
+}
