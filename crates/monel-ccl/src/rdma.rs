@@ -736,7 +736,7 @@ const FLUSH_ON_CLOSE: Duration = Duration::from_secs(2);
 impl Drop for RdmaLink {
     /// Closing a link ends its TCP connection, which the peer reads as the end of the data:
     /// first let the writes already posted reach the peer (their completions come back only
-    /// once the peer acknowledged them), within [`FLUSH_ON_CLOSE`], unless the peer closed
+    /// once the peer acknowledged them), within `FLUSH_ON_CLOSE` (2 s), unless the peer closed
     /// first (it acknowledges nothing more).
     fn drop(&mut self) {
         let until = Instant::now() + FLUSH_ON_CLOSE;

@@ -1,6 +1,6 @@
 //! Schedules: a collective as plain data. For each rank, a list of steps; each step runs its
 //! local operations in order, then all of its sends and receives concurrently, to completion.
-//! Offsets and lengths count elements. The executor ([`crate::exec`]) runs a schedule over real
+//! Offsets and lengths count elements. The executor (`exec`) runs a schedule over real
 //! transports; the simulator ([`crate::sim`]) runs every rank's schedule in memory, which is
 //! how the property tests check each algorithm without a network and how the fabric planner
 //! can replay the same steps.
@@ -588,7 +588,7 @@ fn folded_allreduce(
 
 /// AllReduce by recursive doubling: log2 n steps, each exchanging the whole vector with the
 /// rank whose number differs in one bit and reducing it in (small messages: the fewest
-/// steps, n log n data). Ranks beyond a power of two fold in first ([`Fold`]).
+/// steps, n log n data). Ranks beyond a power of two fold in first (`Fold`).
 pub fn allreduce_doubling(n: usize, r: usize, count: usize, avg: bool) -> Schedule {
     folded_allreduce(n, r, count, avg, |s, fold, f, partner| {
         let all = Span::of(Buf::Output, 0..count);
@@ -626,7 +626,7 @@ pub fn allreduce_doubling(n: usize, r: usize, count: usize, avg: bool) -> Schedu
 /// halves the vector each step (the rank keeps the half its bit selects and reduces the
 /// partner's copy of it straight in), then an all-gather that doubles it back: 2 log2 n
 /// steps sending 2 (n-1)/n of the data, as the ring does in 2 (n-1) steps. Ranks beyond a
-/// power of two fold in first ([`Fold`]).
+/// power of two fold in first (`Fold`).
 pub fn allreduce_halving(n: usize, r: usize, count: usize, avg: bool) -> Schedule {
     folded_allreduce(n, r, count, avg, |s, fold, f, partner| {
         let p = fold.pow;

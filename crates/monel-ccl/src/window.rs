@@ -8,7 +8,7 @@
 //! the window is shared before the creators unlink the files. The first window also shares
 //! a control page per rank, the meeting point of the direct collectives.
 //!
-//! A direct collective ([`run`]) has two meetings. At the first, each rank publishes what
+//! A direct collective (`run`) has two meetings. At the first, each rank publishes what
 //! it is calling (signature, and where its send and receive buffers lie in which window)
 //! and waits for every rank; then every rank checks all the signatures alike (so all agree
 //! on a mismatch before any byte moves) and does its share: for a reduction, the part

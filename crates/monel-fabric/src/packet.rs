@@ -1219,7 +1219,7 @@ pub fn simulate_flows(
     sim.run()
 }
 
-/// Replays `jobs` (collective schedules, as [`crate::replay`] does) packet by packet;
+/// Replays `jobs` (collective schedules, as [`crate::replay()`] does) packet by packet;
 /// `overhead_s` per message.
 pub fn simulate_jobs(
     cluster: &Cluster,

@@ -6,7 +6,7 @@
 //! last bit left, and a step finishes when all of its receives were delivered. Ranks run
 //! asynchronously, as they do for real; a flow that starts or ends re-shares the links of the
 //! flows connected to it (through shared links), so the cost grows with messages times the
-//! flows of the fabric's busiest part: up to a few thousand ranks. [`crate::lockstep`] covers
+//! flows of the fabric's busiest part: up to a few thousand ranks. [`mod@crate::lockstep`] covers
 //! the rest.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
