@@ -4,7 +4,8 @@
 # (Monel, MPI, Gloo, Monel, ...), so the machine's drift hits all three alike. Each round
 # times every size for about TARGET_MS (slowest rank's mean per call); the table gives the
 # median over rounds and Monel's bus-bandwidth ratio to each. Monel out of place is compared
-# with MPI (separate buffers), Monel in place with Gloo (in place).
+# with MPI (separate buffers), Monel in place with Gloo (in place). After the table, each
+# round's own ratios show the spread.
 #
 #   scripts/race.sh [--np "2 4"] [--rounds 5] [--min 8] [--max 32M] [--factor 8]
 #                   [--target-ms 100] [--netns]
@@ -158,4 +159,12 @@ for (np, size) in sorted({(k[1], k[2]) for k in med}):
         ro, ri = g("monel_reg_oop"), g("monel_reg_ip")
         row += f" {f(ro)} | {f(ri)} | {r(ro, mp)} | {r(ri, gl)} |"
     print(row)
+# The spread: each round's ratio (the tools ran minutes apart at most, so a round's ratio
+# is fairer than a ratio of medians when the machine's speed drifts).
+print()
+print("# per-round ratios, Monel / Open MPI (out of place) and Monel / Gloo (in place):")
+for (np, size) in sorted({(k[1], k[2]) for k in med}):
+    per = lambda a, b: " ".join(f"{y / x:.2f}" for x, y in zip(t.get((a, np, size), []), t.get((b, np, size), [])))
+    human = f"{size >> 20} MiB" if size >= 1 << 20 else (f"{size >> 10} KiB" if size >= 1024 else f"{size} B")
+    print(f"#   {np} ranks, {human}: vs MPI [{per('monel_oop', 'mpi')}]  vs Gloo [{per('monel_ip', 'gloo')}]")
 EOF
