@@ -489,8 +489,16 @@ fn a_512_kib_write_leaves_in_one_or_two_send_calls() {
     let mut got = vec![0u8; 512 << 10];
     bmr.read(0, &mut got).unwrap();
     assert_eq!(got, pattern(512 << 10, 3));
-    assert_eq!(after.tx_packets - before.tx_packets, 128, "{after}");
+    // A loaded machine may delay the peer past the ACK timeout: each retransmission round
+    // then adds its packets and one call more.
+    let st = a.qp.stats().unwrap();
+    let sent = after.tx_packets - before.tx_packets;
+    assert_eq!(sent - st.retransmitted_packets, 128, "{after}");
     let calls = after.tx_batches - before.tx_batches;
-    assert!((1..=2).contains(&calls), "{calls} send calls: {after}");
+    assert!(
+        (1..=2 + st.timeouts).contains(&calls),
+        "{calls} send calls, {} timeouts: {after}",
+        st.timeouts
+    );
     assert!(after.tx_segmented - before.tx_segmented >= 120, "{after}");
 }
