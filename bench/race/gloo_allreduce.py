@@ -30,18 +30,22 @@ def main():
         for _ in range(3):
             dist.all_reduce(t)
         # Batches doubling until one takes a tenth of the target (the slowest rank's time
-        # decides, so every rank stops alike): the batch size.
-        k = 1
+        # decides, so every rank stops alike) and the batches together took half the
+        # target: the batch size.
+        k, spent = 1, 0.0
         while True:
             t0 = time.perf_counter()
             for _ in range(k):
                 dist.all_reduce(t)
             took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
             dist.all_reduce(took, op=dist.ReduceOp.MAX)
-            if took.item() >= target / 10 or k >= 1 << 20:
+            spent += took.item()
+            long_enough = took.item() >= target / 10
+            if (long_enough and spent >= target / 2) or k >= 1 << 20:
                 per = took.item() / k
                 break
-            k *= 2
+            if not long_enough:
+                k *= 2
         iters = min(1_000_000, max(3, int(target / per)))
         dist.barrier()
         t0 = time.perf_counter()

@@ -28,21 +28,26 @@ int main(int argc, char **argv) {
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
         /* Warm-up, then batches doubling until one takes a tenth of the target (the
-         * slowest rank's time decides, so every rank stops alike): the batch size. */
+         * slowest rank's time decides, so every rank stops alike) and the batches together
+         * took half the target: the batch size. */
         MPI_Barrier(MPI_COMM_WORLD);
         for (int i = 0; i < 3; i++)
             MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-        double per;
-        for (long k = 1;; k *= 2) {
+        double per, spent = 0;
+        for (long k = 1;;) {
             double t0 = MPI_Wtime(), took;
             for (long i = 0; i < k; i++)
                 MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
             took = MPI_Wtime() - t0;
             MPI_Allreduce(MPI_IN_PLACE, &took, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-            if (took >= target / 10 || k >= 1L << 20) {
+            spent += took;
+            int lng = took >= target / 10;
+            if ((lng && spent >= target / 2) || k >= 1L << 20) {
                 per = took / k;
                 break;
             }
+            if (!lng)
+                k *= 2;
         }
         long iters = per > 0 ? (long)(target / per) : 10000;
         if (iters < 3) iters = 3;

@@ -44,7 +44,8 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value = "table")]
     format: String,
     /// Instead of a fixed -n, time each size for about this many milliseconds (the count
-    /// comes from timing batches of warm calls, the same on every rank).
+    /// comes from timing batches of warm calls for at least half as long, the same on every
+    /// rank).
     #[arg(short = 'T', long = "target_ms")]
     target_ms: Option<f64>,
     /// Buffer registration, as nccl-tests' -R: 0 ordinary memory; 1 (or 2) symmetric
@@ -123,8 +124,9 @@ struct Row {
 }
 
 /// Times `call`: `warmup` calls (at least one), then `iters` calls or, with `target_ms`, as
-/// many as fit in that time by a calibration on warm calls (the same count on every rank). Returns the
-/// slowest rank's mean microseconds per call, as nccl-tests reports.
+/// many as fit in that time by a calibration on warm calls that lasts at least half the target
+/// (the same count on every rank). Returns the slowest rank's mean microseconds per call, as
+/// nccl-tests reports.
 pub(crate) fn time_calls(
     comm: &mut Communicator,
     warmup: usize,
@@ -146,20 +148,28 @@ pub(crate) fn time_calls(
     let iters = match target_ms {
         Some(ms) => {
             // Calibrate on warm calls: batches doubling until one takes a tenth of the
-            // target (the slowest rank's time decides, so all ranks stop together). The
-            // first calls after init or a new size can be far slower than the rest; a count
-            // taken from them made the timed loop too short for its mean to mean much.
+            // target (the slowest rank's time decides, so all ranks stop together), and
+            // until the batches together took half the target. The first calls after init
+            // or a new size can be far slower than the rest (on an oversubscribed machine
+            // the scheduler takes tens of milliseconds to settle the ranks); a count taken
+            // from them made the timed loop too short for its mean to mean much, and a
+            // loop that starts unsettled times the settling.
             let mut k = 1usize;
+            let mut spent = 0.0;
             let per = loop {
                 let t = Instant::now();
                 for _ in 0..k {
                     call(comm)?;
                 }
                 let took = max_of(comm, t.elapsed().as_secs_f64())?;
-                if took >= ms / 1e4 || k >= 1 << 20 {
+                spent += took;
+                let long = took >= ms / 1e4;
+                if (long && spent >= ms / 2e3) || k >= 1 << 20 {
                     break took / k as f64;
                 }
-                k *= 2;
+                if !long {
+                    k *= 2;
+                }
             };
             (ms / 1e3 / per.max(1e-9)).clamp(3.0, 1e6) as usize
         }
