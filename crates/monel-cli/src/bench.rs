@@ -362,7 +362,7 @@ pub(crate) fn run(a: &BenchArgs) -> anyhow::Result<()> {
             let opname = coll.op().map_or("none", RedOp::name);
             match a.format.as_str() {
                 "csv" => println!(
-                    "{},{},{},{},{},{:.2},{:.3},{:.3},{},{:.2},{:.3},{:.3},{}",
+                    "{},{},{},{},{},{:.3},{:.3},{:.3},{},{:.3},{:.3},{:.3},{}",
                     row.size,
                     row.count,
                     t,
@@ -378,7 +378,7 @@ pub(crate) fn run(a: &BenchArgs) -> anyhow::Result<()> {
                     row.wrong[1]
                 ),
                 "json" => println!(
-                    "{{\"size\":{},\"count\":{},\"type\":\"{t}\",\"redop\":\"{opname}\",\"root\":{root},\"oop\":{{\"time_us\":{:.2},\"algbw\":{:.4},\"busbw\":{:.4},\"wrong\":{}}},\"ip\":{{\"time_us\":{:.2},\"algbw\":{:.4},\"busbw\":{:.4},\"wrong\":{}}}}}",
+                    "{{\"size\":{},\"count\":{},\"type\":\"{t}\",\"redop\":\"{opname}\",\"root\":{root},\"oop\":{{\"time_us\":{:.3},\"algbw\":{:.4},\"busbw\":{:.4},\"wrong\":{}}},\"ip\":{{\"time_us\":{:.3},\"algbw\":{:.4},\"busbw\":{:.4},\"wrong\":{}}}}}",
                     row.size,
                     row.count,
                     row.time_us[0],
