@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{CclError, Result};
 
-const MAGIC_BOOT: &[u8; 4] = b"MNLB";
+const MAGIC_BOOT: &[u8; 4] = b"MNL2";
 const MAGIC_HELLO: &[u8; 4] = b"MNLH";
 
 /// Where the rendezvous is and the token every rank must present (NCCL's `ncclUniqueId`).
@@ -202,6 +202,8 @@ pub(crate) struct PeerAddrs {
     /// The host this rank names itself part of (`MONEL_HOST`; empty when unset): ranks on
     /// one machine that name different hosts stand in for separate hosts.
     pub(crate) host: String,
+    /// The cores this rank may run on (`crate::cpus`): its affinity mask and its own count.
+    pub(crate) cpus: String,
 }
 
 /// This kernel's boot id, which network namespaces and containers on one machine share:
@@ -249,12 +251,12 @@ fn serve_root(l: TcpListener, token: [u8; 16]) {
     std::thread::Builder::new()
         .name("monel-root".into())
         .spawn(move || {
-            let mut ranks: Vec<Option<(TcpStream, [String; 4])>> = Vec::new();
+            let mut ranks: Vec<Option<(TcpStream, [String; 5])>> = Vec::new();
             let mut nranks = 0usize;
             for conn in l.incoming() {
                 let Ok(mut s) = conn else { continue };
                 let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-                let reg = (|| -> std::io::Result<(Vec<u8>, u32, u32, [String; 4])> {
+                let reg = (|| -> std::io::Result<(Vec<u8>, u32, u32, [String; 5])> {
                     let mut m = [0u8; 4];
                     s.read_exact(&mut m)?;
                     if &m != MAGIC_BOOT {
@@ -265,6 +267,7 @@ fn serve_root(l: TcpListener, token: [u8; 16]) {
                     let n = get_u32(&mut s)?;
                     let r = get_u32(&mut s)?;
                     let addrs = [
+                        get_str(&mut s)?,
                         get_str(&mut s)?,
                         get_str(&mut s)?,
                         get_str(&mut s)?,
@@ -352,6 +355,7 @@ pub(crate) fn rendezvous(
     put_str(&mut out, &mine.status.to_string());
     put_str(&mut out, &mine.machine);
     put_str(&mut out, &mine.host);
+    put_str(&mut out, &mine.cpus);
     let left = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(10));
@@ -399,11 +403,13 @@ pub(crate) fn rendezvous(
         let status = parse(get_str(&mut s).map_err(io)?)?;
         let machine = get_str(&mut s).map_err(io)?;
         let host = get_str(&mut s).map_err(io)?;
+        let cpus = get_str(&mut s).map_err(io)?;
         table.push(PeerAddrs {
             data,
             status,
             machine,
             host,
+            cpus,
         });
     }
     Ok(table)
@@ -538,7 +544,7 @@ mod tests {
     }
 
     #[test]
-    fn the_table_carries_each_ranks_machine_and_host() {
+    fn the_table_carries_each_ranks_machine_host_and_cores() {
         let id = UniqueId::create("127.0.0.1:0".parse().unwrap()).unwrap();
         let me = this_machine();
         assert!(!me.is_empty(), "a Linux kernel has a boot id");
@@ -554,6 +560,7 @@ mod tests {
                         status: format!("127.0.0.1:{}", 2000 + r).parse().unwrap(),
                         machine: m,
                         host: format!("h{r}"),
+                        cpus: format!("{r}/1"),
                     };
                     let deadline = Instant::now() + Duration::from_secs(10);
                     rendezvous(&id, 2, r, &mine, deadline).unwrap()
@@ -570,12 +577,16 @@ mod tests {
                         p.status.port(),
                         p.machine.as_str(),
                         p.host.as_str(),
+                        p.cpus.as_str(),
                     )
                 })
                 .collect();
             assert_eq!(
                 got,
-                [(1000, 2000, "", "h0"), (1001, 2001, "kernel-b", "h1")]
+                [
+                    (1000, 2000, "", "h0", "0/1"),
+                    (1001, 2001, "kernel-b", "h1", "1/1")
+                ]
             );
         }
     }

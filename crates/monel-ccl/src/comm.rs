@@ -257,6 +257,8 @@ pub struct Communicator {
     p2p_received: Vec<u64>,
     /// See [`exec::Ctx::yield_every`].
     yield_every: u32,
+    /// Ranks on this machine and the cores they can use together ([`Self::core_share`]).
+    core_share: (usize, usize),
     /// The cost model's constants for this communicator's links.
     costs: tune::Costs,
     /// The ranks' places in rings and trees ([`host_order`]).
@@ -494,6 +496,7 @@ impl Communicator {
                 .map_err(|e| CclError::io("listener", e))?,
             machine: crate::bootstrap::this_machine(),
             host: cfg.shm.host.clone().unwrap_or_default(),
+            cpus: crate::cpus::this_rank(),
         };
         let status = Arc::new(Mutex::new(Status {
             seq: 0,
@@ -574,17 +577,26 @@ impl Communicator {
         // A peer shares this host's cores when it shares memory, this rank's address, or
         // this kernel (ranks in other network namespaces or containers, or made to look
         // like other hosts with MONEL_HOST, still run on these cores).
+        // The cores are those the local ranks' affinity masks name together (a rank bound
+        // to one core by its launcher sees only that one; see `cpus`).
         let kinds = || links.iter().flatten().map(|l| l.kind());
-        let local = 1
-            + (0..nranks)
-                .filter(|&j| j != rank)
-                .filter(|&j| {
-                    links[j].as_ref().is_some_and(|l| l.kind() == "SHM")
-                        || table[j].data.ip() == mine.data.ip()
-                        || (!mine.machine.is_empty() && table[j].machine == mine.machine)
-                })
-                .count();
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let sharing: Vec<usize> = (0..nranks)
+            .filter(|&j| {
+                j == rank
+                    || links[j].as_ref().is_some_and(|l| l.kind() == "SHM")
+                    || table[j].data.ip() == mine.data.ip()
+                    || (!mine.machine.is_empty() && table[j].machine == mine.machine)
+            })
+            .collect();
+        let local = sharing.len();
+        let cores = crate::cpus::shared_cores(sharing.iter().map(|&j| {
+            if j == rank {
+                mine.cpus.as_str()
+            } else {
+                table[j].cpus.as_str()
+            }
+        }))
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
         let yield_every = if local > cores { 1 } else { 64 };
         if cfg.debug {
             eprintln!(
@@ -650,6 +662,7 @@ impl Communicator {
             p2p_sent: vec![0; nranks],
             p2p_received: vec![0; nranks],
             yield_every,
+            core_share: (local, cores),
             costs,
             order,
             per_host,
@@ -1269,6 +1282,14 @@ impl Communicator {
     /// tests and benchmarks.
     pub fn tiny_calls(&self) -> u64 {
         self.tiny_done
+    }
+
+    /// The ranks that share this rank's machine (itself included) and the cores they can run
+    /// on together: the union of their affinity masks, within a CPU quota. More ranks than
+    /// cores makes waiting ranks hand their core over on every idle look instead of
+    /// spinning.
+    pub fn core_share(&self) -> (usize, usize) {
+        self.core_share
     }
 
     /// Records how a call ended; a failure goes to every peer and fails the communicator.
@@ -2047,6 +2068,7 @@ mod tests {
             status: format!("{ip}:2").parse().unwrap(),
             machine: machine.into(),
             host: host.into(),
+            cpus: String::new(),
         };
         // Two machines, ranks placed cyclically.
         let t = [

@@ -17,6 +17,7 @@ pub mod bootstrap;
 pub mod buffers;
 pub mod comm;
 pub mod copy;
+mod cpus;
 pub mod dtype;
 pub mod error;
 mod exec;

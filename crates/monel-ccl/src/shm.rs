@@ -571,12 +571,12 @@ impl Link for ShmLink {
         max: usize,
         f: &mut dyn FnMut(&[u8]) -> usize,
     ) -> Option<io::Result<usize>> {
+        self.rx.prefetch_next();
         let n = match self.readable() {
             Ok(avail) => avail.len().min(max),
             Err(e) => return Some(Err(e)),
         };
         if n == 0 {
-            self.rx.prefetch_next();
             return Some(Ok(0));
         }
         let t = self.read_clock(n);
