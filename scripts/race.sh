@@ -147,7 +147,7 @@ print("|---:" * (11 + (3 if tcp else 4)) + "|")
 for (np, size) in sorted({(k[1], k[2]) for k in med}):
     g = lambda tool: med.get((tool, np, size))
     mo, mi, mp, gl = g("monel_oop"), g("monel_ip"), g("mpi"), g("gloo")
-    f = lambda x: "-" if x is None else (f"{x:.2f}" if x < 100 else f"{x:.0f}")
+    f = lambda x: "-" if x is None else (f"{x:.3f}" if x < 1 else f"{x:.2f}" if x < 100 else f"{x:.0f}")
     bw = lambda x: "-" if x is None else f"{busbw(np, size, x):.3f}"
     r = lambda a, b: "-" if a is None or b is None else f"{b / a:.2f}x"
     human = f"{size >> 20} MiB" if size >= 1 << 20 else (f"{size >> 10} KiB" if size >= 1024 else f"{size} B")
