@@ -576,9 +576,9 @@ impl Communicator {
         // must hand the core over at every idle round.
         // A peer shares this host's cores when it shares memory, this rank's address, or
         // this kernel (ranks in other network namespaces or containers, or made to look
-        // like other hosts with MONEL_HOST, still run on these cores).
-        // The cores are those the local ranks' affinity masks name together (a rank bound
-        // to one core by its launcher sees only that one; see `cpus`).
+        // like other hosts with MONEL_HOST, still run on these cores). The cores are those
+        // the local ranks' affinity masks name together (a rank bound to one core by its
+        // launcher sees only that one; see `cpus`).
         let kinds = || links.iter().flatten().map(|l| l.kind());
         let sharing: Vec<usize> = (0..nranks)
             .filter(|&j| {
@@ -589,14 +589,8 @@ impl Communicator {
             })
             .collect();
         let local = sharing.len();
-        let cores = crate::cpus::shared_cores(sharing.iter().map(|&j| {
-            if j == rank {
-                mine.cpus.as_str()
-            } else {
-                table[j].cpus.as_str()
-            }
-        }))
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+        let cores = crate::cpus::shared_cores(sharing.iter().map(|&j| table[j].cpus.as_str()))
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
         let yield_every = if local > cores { 1 } else { 64 };
         if cfg.debug {
             eprintln!(
