@@ -135,6 +135,9 @@ for line in open(sys.argv[1]):
     tool, np, size, us = line.split()
     t[(tool, int(np), int(size))].append(float(us))
 med = {k: statistics.median(v) for k, v in t.items()}
+def human(size):
+    return f"{size >> 20} MiB" if size >= 1 << 20 else (f"{size >> 10} KiB" if size >= 1024 else f"{size} B")
+rows = sorted({(k[1], k[2]) for k in med})
 def busbw(np, size, us):
     return size * 2 * (np - 1) / np / us / 1e3
 where = "two network namespaces (veth)" if sys.argv[2] == "1" else "one host (loopback, shared memory)"
@@ -144,14 +147,13 @@ extra = " Monel TCP oop us | Monel TCP / MPI | Monel TCP / Gloo |" if tcp else "
 label = "Monel RoCE" if tcp else "Monel"
 print(f"| ranks | size | {label} oop us | {label} in-place us | Open MPI us | Gloo us | {label} busbw GB/s | Open MPI busbw | Gloo busbw | {label} / MPI | {label} / Gloo |{extra}")
 print("|---:" * (11 + (3 if tcp else 4)) + "|")
-for (np, size) in sorted({(k[1], k[2]) for k in med}):
+for (np, size) in rows:
     g = lambda tool: med.get((tool, np, size))
     mo, mi, mp, gl = g("monel_oop"), g("monel_ip"), g("mpi"), g("gloo")
     f = lambda x: "-" if x is None else (f"{x:.3f}" if x < 1 else f"{x:.2f}" if x < 100 else f"{x:.0f}")
     bw = lambda x: "-" if x is None else f"{busbw(np, size, x):.3f}"
     r = lambda a, b: "-" if a is None or b is None else f"{b / a:.2f}x"
-    human = f"{size >> 20} MiB" if size >= 1 << 20 else (f"{size >> 10} KiB" if size >= 1024 else f"{size} B")
-    row = f"| {np} | {human} | {f(mo)} | {f(mi)} | {f(mp)} | {f(gl)} | {bw(mo)} | {bw(mp)} | {bw(gl)} | {r(mo, mp)} | {r(mi, gl)} |"
+    row = f"| {np} | {human(size)} | {f(mo)} | {f(mi)} | {f(mp)} | {f(gl)} | {bw(mo)} | {bw(mp)} | {bw(gl)} | {r(mo, mp)} | {r(mi, gl)} |"
     if tcp:
         to, ti = g("monel_tcp_oop"), g("monel_tcp_ip")
         row += f" {f(to)} | {r(to, mp)} | {r(ti, gl)} |"
@@ -162,9 +164,11 @@ for (np, size) in sorted({(k[1], k[2]) for k in med}):
 # The spread: each round's ratio (the tools ran minutes apart at most, so a round's ratio
 # is fairer than a ratio of medians when the machine's speed drifts).
 print()
-print("# per-round ratios, Monel / Open MPI (out of place) and Monel / Gloo (in place):")
-for (np, size) in sorted({(k[1], k[2]) for k in med}):
+print("Each round's own ratios, Monel / Open MPI (out of place) and Monel / Gloo (in place):")
+print()
+print("```")
+for (np, size) in rows:
     per = lambda a, b: " ".join(f"{y / x:.2f}" for x, y in zip(t.get((a, np, size), []), t.get((b, np, size), [])))
-    human = f"{size >> 20} MiB" if size >= 1 << 20 else (f"{size >> 10} KiB" if size >= 1024 else f"{size} B")
-    print(f"#   {np} ranks, {human}: vs MPI [{per('monel_oop', 'mpi')}]  vs Gloo [{per('monel_ip', 'gloo')}]")
+    print(f"{np} ranks, {human(size)}: vs MPI [{per('monel_oop', 'mpi')}]  vs Gloo [{per('monel_ip', 'gloo')}]")
+print("```")
 EOF
