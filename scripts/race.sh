@@ -8,7 +8,7 @@
 # round's own ratios show the spread.
 #
 #   scripts/race.sh [--np "2 4"] [--rounds 5] [--min 8] [--max 32M] [--factor 8]
-#                   [--target-ms 100] [--netns]
+#                   [--target-ms 100] [--netns] [--baseline-congestion NAME]
 #
 # --netns runs the ranks in two network namespaces joined by a veth pair (half the ranks in
 # each), each namespace standing in for a host, and every tool is held to the network between
@@ -19,6 +19,10 @@
 # Open MPI with the tcp BTL only (it cannot tell the namespaces apart, so its shared-memory
 # BTL would carry the pairs across them too); Gloo over TCP, as it always is.
 #
+# Monel's TCP links ask for cubic congestion control (MONEL_TCP_CONGESTION); Open MPI and Gloo
+# keep the system's. --baseline-congestion NAME gives their TCP sockets NAME too (through the
+# LD_PRELOAD shim bench/race/tcp_congestion.c), to see how much of a difference is the choice.
+#
 # On one host Monel runs a second time with its buffers in symmetric windows (`monel bench
 # -R 1`, as nccl-tests' -R registers buffers): collectives then run directly between the
 # ranks' memory. Those columns are labelled "Monel -R"; the plain columns are ordinary buffers.
@@ -28,7 +32,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-nps="2 4" rounds=5 min=8 max=32M factor=8 target=100 netns=0
+nps="2 4" rounds=5 min=8 max=32M factor=8 target=100 netns=0 baseline_cc=
 while [ $# -gt 0 ]; do
   case $1 in
     --np) nps=$2; shift 2 ;;
@@ -38,6 +42,7 @@ while [ $# -gt 0 ]; do
     --factor) factor=$2; shift 2 ;;
     --target-ms) target=$2; shift 2 ;;
     --netns) netns=1; shift ;;
+    --baseline-congestion) baseline_cc=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -60,6 +65,12 @@ trap 'rm -rf "$work"; [ "$netns" = 1 ] && cleanup_ns' EXIT
 cargo build --release -q -p monel-cli
 M=$PWD/target/release/monel
 mpicc -O2 -o "$work/mpi_allreduce" bench/race/mpi_allreduce.c
+# The baselines' environment: the congestion-control shim, where asked for.
+base_env=()
+if [ -n "$baseline_cc" ]; then
+  cc -O2 -shared -fPIC -o "$work/tcp_congestion.so" bench/race/tcp_congestion.c -ldl
+  base_env=(env LD_PRELOAD="$work/tcp_congestion.so" RACE_TCP_CONGESTION="$baseline_cc")
+fi
 args="$min $max $factor $target"
 mpi_common="--allow-run-as-root --oversubscribe --bind-to none"
 
@@ -97,19 +108,19 @@ run_monel() { # np [transport label [bench args]]
 }
 run_mpi() {
   if [ "$netns" = 0 ]; then
-    mpirun $mpi_common --mca oob_tcp_if_include lo -np "$1" "$work/mpi_allreduce" $args
+    mpirun $mpi_common --mca oob_tcp_if_include lo -np "$1" "${base_env[@]}" "$work/mpi_allreduce" $args
   else
     # mpirun (and its PMIx server) in namespace A, reached over the veth from B.
     local half=$(($1 / 2))
     PMIX_MCA_ptl_tcp_if_include=mrace_a OMPI_MCA_oob_tcp_if_include=mrace_a \
       ip netns exec $NS_A mpirun $mpi_common --mca pml ob1 --mca btl tcp,self \
       --mca btl_tcp_if_include 10.213.55.0/24 -x PMIX_MCA_ptl_tcp_if_include=mrace_a \
-      -np $half "$work/mpi_allreduce" $args : \
-      -np $(($1 - half)) ip netns exec $NS_B "$work/mpi_allreduce" $args
+      -np $half "${base_env[@]}" "$work/mpi_allreduce" $args : \
+      -np $(($1 - half)) ip netns exec $NS_B "${base_env[@]}" "$work/mpi_allreduce" $args
   fi | awk -v np="$1" '{print "mpi", np, $1, $2}'
 }
 run_gloo() {
-  GLOO_SOCKET_IFNAME=lo ranks "$1" "$venv/bin/python" bench/race/gloo_allreduce.py $args |
+  GLOO_SOCKET_IFNAME=lo ranks "$1" "${base_env[@]}" "$venv/bin/python" bench/race/gloo_allreduce.py $args |
     awk -v np="$1" '{print "gloo", np, $1, $2}'
 }
 
@@ -128,7 +139,8 @@ for np in $nps; do
   done
 done
 
-python3 - "$work/all" "$netns" << 'EOF'
+cc_said=${baseline_cc:-"the system default"}
+python3 - "$work/all" "$netns" "$cc_said" << 'EOF'
 import collections, statistics, sys
 t = collections.defaultdict(list)
 for line in open(sys.argv[1]):
@@ -141,7 +153,7 @@ rows = sorted({(k[1], k[2]) for k in med})
 def busbw(np, size, us):
     return size * 2 * (np - 1) / np / us / 1e3
 where = "two network namespaces (veth)" if sys.argv[2] == "1" else "one host (loopback, shared memory)"
-print(f"# float32 AllReduce, {where}; medians of {len(next(iter(t.values())))} interleaved rounds")
+print(f"# float32 AllReduce, {where}; medians of {len(next(iter(t.values())))} interleaved rounds; Open MPI's and Gloo's TCP congestion control: {sys.argv[3]}")
 tcp = sys.argv[2] == "1"
 extra = " Monel TCP oop us | Monel TCP / MPI | Monel TCP / Gloo |" if tcp else " Monel -R oop us | Monel -R in-place us | Monel -R / MPI | Monel -R / Gloo |"
 label = "Monel RoCE" if tcp else "Monel"

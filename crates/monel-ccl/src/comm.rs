@@ -47,6 +47,11 @@ pub struct CommConfig {
     /// The soft RNIC for pairs on different hosts (`MONEL_RDMA_DEV`, `MONEL_RDMA_RING`,
     /// `MONEL_RDMA_GSO`).
     pub rdma: RdmaConfig,
+    /// Congestion controls TCP links ask for, first accepted wins; empty keeps the
+    /// system's (`MONEL_TCP_CONGESTION`: a comma list, or `system`; default `cubic,reno`).
+    /// Neither paces its sends, which BBR (a common system default) does with a timer per
+    /// burst: a collective's bursts then wait for it, and on a VM every timer costs a trap.
+    pub tcp_congestion: Vec<String>,
 }
 
 /// Which transports pairs may use. Each pair takes the best allowed one that works:
@@ -115,6 +120,7 @@ impl Default for CommConfig {
             spin: Duration::from_micros(50),
             shm: ShmConfig::default(),
             rdma: RdmaConfig::default(),
+            tcp_congestion: vec!["cubic".into(), "reno".into()],
         }
     }
 }
@@ -203,11 +209,33 @@ impl CommConfig {
                 }
             };
         }
+        if let Some(v) = env("MONEL_TCP_CONGESTION") {
+            c.tcp_congestion = parse_congestion(&v).ok_or_else(|| {
+                CclError::invalid(format!(
+                    "MONEL_TCP_CONGESTION={v:?}: want `system` or a comma list of congestion \
+                     controls (names of up to 15 letters, digits or _)"
+                ))
+            })?;
+        }
         if let Some(v) = env("MONEL_DEBUG") {
             c.debug = v.eq_ignore_ascii_case("INFO") || v.eq_ignore_ascii_case("TRACE");
         }
         Ok(c)
     }
+}
+
+/// `system` (keep the kernel's default: an empty list) or a comma list of algorithm names.
+fn parse_congestion(v: &str) -> Option<Vec<String>> {
+    if v.trim() == "system" {
+        return Some(Vec::new());
+    }
+    let names: Vec<String> = v.split(',').map(|n| n.trim().to_string()).collect();
+    names
+        .iter()
+        .all(|n| {
+            (1..16).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        })
+        .then_some(names)
 }
 
 /// Buffers for one call: separate send and receive buffers, or one buffer in place (NCCL's
@@ -553,11 +581,11 @@ impl Communicator {
                             not_shm[j]
                         )));
                     }
-                    links[j] = Some(Box::new(
-                        TcpLink::new(s).map_err(|e| CclError::io("link", e))?,
-                    ));
+                    let link = TcpLink::new(s).map_err(|e| CclError::io("link", e))?;
+                    let cc = link.set_congestion(&cfg.tcp_congestion);
+                    links[j] = Some(Box::new(link));
                     paths[j] = format!(
-                        "rank {rank} -> {j} via TCP {} -> {} (not SHM: {}; not RDMA: {why})",
+                        "rank {rank} -> {j} via TCP {} -> {} (congestion {cc}; not SHM: {}; not RDMA: {why})",
                         mine.data.ip(),
                         table[j].data,
                         not_shm[j]
@@ -2053,6 +2081,25 @@ mod tests {
         assert!(e.message.contains("MONEL_ALGO: rank 0 has tree"), "{e}");
         assert!(e.message.contains("rank 2 has unset"), "{e}");
         assert!(tuning::disagreement(&[a, c]).is_none());
+    }
+
+    #[test]
+    fn tcp_congestion_setting_parses_lists_and_system_and_names_bad_values() {
+        assert_eq!(
+            CommConfig::default().tcp_congestion,
+            ["cubic".to_string(), "reno".to_string()]
+        );
+        let c = with(&[("MONEL_TCP_CONGESTION", "dctcp, reno")]).unwrap();
+        assert_eq!(c.tcp_congestion, ["dctcp".to_string(), "reno".to_string()]);
+        let c = with(&[("MONEL_TCP_CONGESTION", "system")]).unwrap();
+        assert!(c.tcp_congestion.is_empty());
+        for bad in ["", "cubic,", "a b", "sixteen_letters_", "bbr;rm"] {
+            let e = with(&[("MONEL_TCP_CONGESTION", bad)]).unwrap_err();
+            assert!(
+                e.to_string().contains("MONEL_TCP_CONGESTION"),
+                "{bad:?}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -80,6 +80,46 @@ impl TcpLink {
         stream.set_nonblocking(true)?;
         Ok(Self { stream })
     }
+
+    /// Asks the kernel for the first congestion control in `wanted` it accepts for this
+    /// connection (none: keep the system's) and says which one is in force, and why.
+    pub fn set_congestion(&self, wanted: &[String]) -> String {
+        let mut refused = Vec::new();
+        let mut taken = false;
+        for name in wanted {
+            match set_congestion(&self.stream, name) {
+                Ok(()) => {
+                    taken = true;
+                    break;
+                }
+                Err(e) => refused.push(format!("{name} refused: {e}")),
+            }
+        }
+        let mut said = congestion(&self.stream).unwrap_or_else(|e| format!("unknown ({e})"));
+        if !taken {
+            said.push_str(", the system's");
+        }
+        for r in refused {
+            said.push_str("; ");
+            said.push_str(&r);
+        }
+        said
+    }
+}
+
+/// The congestion control a TCP connection runs.
+pub fn congestion(s: &TcpStream) -> io::Result<String> {
+    use nix::sys::socket::{getsockopt, sockopt::TcpCongestion};
+    let name = getsockopt(s, TcpCongestion).map_err(io::Error::from)?;
+    Ok(name.to_string_lossy().trim_end_matches('\0').to_string())
+}
+
+/// Sets a TCP connection's congestion control (`TCP_CONGESTION`): the kernel refuses names
+/// it does not have, and names outside `tcp_allowed_congestion_control` to unprivileged
+/// processes.
+pub fn set_congestion(s: &TcpStream, name: &str) -> io::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt::TcpCongestion};
+    setsockopt(s, TcpCongestion, &std::ffi::OsString::from(name)).map_err(io::Error::from)
 }
 
 fn nb(r: io::Result<usize>) -> io::Result<usize> {

@@ -1016,3 +1016,49 @@ fn ranks_bound_to_their_own_cores_are_not_oversubscribed() {
         }
     }
 }
+
+/// TCP links ask the kernel for the congestion control the configuration names, skip the
+/// ones it refuses, keep the system's when told to, and say in their path which one runs.
+#[test]
+fn tcp_links_run_the_congestion_control_asked_for() {
+    let system = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+        .unwrap()
+        .trim()
+        .to_string();
+    // Reno is always built in and always allowed, privileged or not.
+    let cases: [(&[&str], String); 3] = [
+        (&["reno"], "(congestion reno; not SHM".to_string()),
+        (
+            &["no_such_cc", "reno"],
+            "(congestion reno; no_such_cc refused: ".to_string(),
+        ),
+        (&[], format!("(congestion {system}, the system's; not SHM")),
+    ];
+    for (wanted, want) in cases {
+        let id = UniqueId::create("127.0.0.1:0".parse().unwrap()).unwrap();
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                let id = id.clone();
+                let wanted: Vec<String> = wanted.iter().map(|w| w.to_string()).collect();
+                std::thread::spawn(move || {
+                    let mut cfg = config(Mode::Tcp, r, Duration::from_secs(20));
+                    cfg.tcp_congestion = wanted;
+                    let mut c = Communicator::init_rank(2, r, &id, cfg).unwrap();
+                    let mut b = f32s((0..100_000).map(|i| (i + r) as f32));
+                    c.all_reduce_in_place(&mut b, 100_000, DataType::F32, RedOp::Sum)
+                        .unwrap();
+                    assert_eq!(
+                        to_f32(&b),
+                        (0..100_000).map(|i| (2 * i + 1) as f32).collect::<Vec<_>>()
+                    );
+                    c.paths().to_vec()
+                })
+            })
+            .collect();
+        for h in hs {
+            let paths = h.join().unwrap();
+            assert_eq!(paths.len(), 1);
+            assert!(paths[0].contains(&want), "{wanted:?}: {}", paths[0]);
+        }
+    }
+}
