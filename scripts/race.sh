@@ -5,7 +5,8 @@
 # times every size for about TARGET_MS (slowest rank's mean per call); the table gives the
 # median over rounds and Monel's bus-bandwidth ratio to each. Monel out of place is compared
 # with MPI (separate buffers), Monel in place with Gloo (in place). After the table, each
-# round's own ratios show the spread.
+# round's own ratios show the spread, and a cross-core probe before and after each round
+# (bench/race/xcore_probe.c) shows what state the machine was in.
 #
 #   scripts/race.sh [--np "2 4"] [--rounds 5] [--min 8] [--max 32M] [--factor 8]
 #                   [--target-ms 100] [--netns] [--baseline-congestion NAME]
@@ -65,6 +66,7 @@ trap 'rm -rf "$work"; [ "$netns" = 1 ] && cleanup_ns' EXIT
 cargo build --release -q -p monel-cli
 M=$PWD/target/release/monel
 mpicc -O2 -o "$work/mpi_allreduce" bench/race/mpi_allreduce.c
+cc -O2 -pthread -o "$work/xcore_probe" bench/race/xcore_probe.c
 # The baselines' environment: the congestion-control shim, where asked for.
 base_env=()
 if [ -n "$baseline_cc" ]; then
@@ -127,6 +129,7 @@ run_gloo() {
 for np in $nps; do
   for r in $(seq "$rounds"); do
     echo "# np $np round $r/$rounds" >&2
+    before=$("$work/xcore_probe")
     if [ "$netns" = 1 ]; then
       run_monel "$np" rdma >> "$work/all"
       run_monel "$np" tcp monel_tcp >> "$work/all"
@@ -136,11 +139,12 @@ for np in $nps; do
     fi
     run_mpi "$np" >> "$work/all"
     run_gloo "$np" >> "$work/all"
+    echo "$np $before $("$work/xcore_probe")" >> "$work/probe"
   done
 done
 
 cc_said=${baseline_cc:-"the system default"}
-python3 - "$work/all" "$netns" "$cc_said" << 'EOF'
+python3 - "$work/all" "$netns" "$cc_said" "$work/probe" << 'EOF'
 import collections, statistics, sys
 t = collections.defaultdict(list)
 for line in open(sys.argv[1]):
@@ -182,5 +186,17 @@ print("```")
 for (np, size) in rows:
     per = lambda a, b: " ".join(f"{y / x:.2f}" for x, y in zip(t.get((a, np, size), []), t.get((b, np, size), [])))
     print(f"{np} ranks, {human(size)}: vs MPI [{per('monel_oop', 'mpi')}]  vs Gloo [{per('monel_ip', 'gloo')}]")
+print("```")
+# The machine's state each round: bytes between cores (GB/s) before and after it.
+probes = collections.defaultdict(list)
+for line in open(sys.argv[4]):
+    np, before, after = line.split()
+    probes[int(np)].append(f"{before}/{after}")
+print()
+print("Cross-core probe (bench/race/xcore_probe.c), GB/s before/after each round:")
+print()
+print("```")
+for np, v in sorted(probes.items()):
+    print(f"{np} ranks: [{' '.join(v)}]")
 print("```")
 EOF
