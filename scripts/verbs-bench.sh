@@ -1,6 +1,8 @@
 #!/bin/bash
-# Soft RNIC vs raw UDP on loopback, two processes each, interleaved runs; prints medians and
-# ratios. RC WRITE of 64 KiB messages (MTU 4096) against sendmmsg of 4112-byte datagrams in
+# Soft RNIC vs raw UDP on loopback, two processes each, interleaved runs; prints medians, ratios
+# of the medians and the median of the runs' own ratios ("paired"), with a cross-core probe before
+# each run (bench/race/xcore_probe.c: about 11 GB/s in this VM's good spells, 2-4 in slow ones).
+# RC WRITE of 64 KiB messages (MTU 4096) against sendmmsg of 4112-byte datagrams in
 # batches of 32 (the RNIC's own batch), both with UDP GSO/GRO (up to 15 datagrams per
 # message) and both without (--no-gso); 8-byte SEND ping-pong against an 8-byte UDP
 # ping-pong, both sleeping in the kernel between messages, then both spinning (--busy); and
@@ -36,6 +38,15 @@ pair() { # test extra-args... ; prints the client's output. PIN="S C": server on
   wait $s || true
 }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+# The median of run-by-run ratios B/A (files of one number per run, in run order): a pair ran
+# seconds apart, so its ratio holds where the machine's state changed between runs.
+paired() { paste "/tmp/monel-bench-$1.$$" "/tmp/monel-bench-$2.$$" | awk '$1 > 0 {print $2 / $1}' | median | cut -c1-5; }
+# A cross-core probe before each run (bench/race/xcore_probe.c), where a C compiler is here.
+probe=true
+if command -v cc > /dev/null; then
+  cc -O2 -pthread -o /tmp/monel-bench-probe.$$ bench/race/xcore_probe.c && probe=/tmp/monel-bench-probe.$$
+fi
+: > /tmp/monel-bench-probes.$$
 : > /tmp/monel-bench-udpbwg.$$; : > /tmp/monel-bench-udpbw.$$; : > /tmp/monel-bench-wbw.$$; : > /tmp/monel-bench-cpu.$$
 : > /tmp/monel-bench-udpbw0.$$; : > /tmp/monel-bench-wbw0.$$; : > /tmp/monel-bench-cpu0.$$
 : > /tmp/monel-bench-udplat.$$; : > /tmp/monel-bench-slat.$$
@@ -45,6 +56,7 @@ median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a
 own="0 1"; one="0 0"
 if [ "$(nproc)" -lt 2 ]; then own="0 0"; fi
 for i in $(seq "$runs"); do
+  $probe >> /tmp/monel-bench-probes.$$
   pair udp-bw -n 20000 | sed -n 's/.*delivered \([0-9.]*\) Gb\/s.*/\1/p' >> /tmp/monel-bench-udpbw.$$
   pair udp-bw -n 20000 --gather | sed -n 's/.*delivered \([0-9.]*\) Gb\/s.*/\1/p' >> /tmp/monel-bench-udpbwg.$$
   out=$(pair write-bw -s 65536 -n 20000 | tail -1)
@@ -70,19 +82,20 @@ ul=$(median < /tmp/monel-bench-udplat.$$); sl=$(median < /tmp/monel-bench-slat.$
 bul=$(median < /tmp/monel-bench-budplat.$$); bsl=$(median < /tmp/monel-bench-bslat.$$)
 al=$(median < /tmp/monel-bench-acklat.$$); bal=$(median < /tmp/monel-bench-backlat.$$)
 ul1=$(median < /tmp/monel-bench-udplat1.$$); sl1=$(median < /tmp/monel-bench-slat1.$$); al1=$(median < /tmp/monel-bench-acklat1.$$)
-echo "runs: $runs (medians)"
+echo "runs: $runs (medians; \"paired\": the median of each run's own ratio)"
+echo "cross-core probe before each run, GB/s: [$(tr '\n' ' ' < /tmp/monel-bench-probes.$$)]"
 echo "raw UDP goodput (4112 B x32, GSO):      $u Gb/s   [$(tr '\n' ' ' < /tmp/monel-bench-udpbw.$$)]"
-echo "Monel RC WRITE 64 KiB, MTU 4096, GSO:   $w Gb/s   [$(tr '\n' ' ' < /tmp/monel-bench-wbw.$$)]  ratio $(echo "$w / $u" | bc -l | cut -c1-5); client CPU $c s/GB"
-echo "raw UDP goodput, gathered (GSO):        $ug Gb/s   [$(tr '\n' ' ' < /tmp/monel-bench-udpbwg.$$)]  Monel / gathered $(echo "$w / $ug" | bc -l | cut -c1-5)"
+echo "Monel RC WRITE 64 KiB, MTU 4096, GSO:   $w Gb/s   [$(tr '\n' ' ' < /tmp/monel-bench-wbw.$$)]  ratio $(echo "$w / $u" | bc -l | cut -c1-5), paired $(paired udpbw wbw); client CPU $c s/GB"
+echo "raw UDP goodput, gathered (GSO):        $ug Gb/s   [$(tr '\n' ' ' < /tmp/monel-bench-udpbwg.$$)]  Monel / gathered $(echo "$w / $ug" | bc -l | cut -c1-5), paired $(paired udpbwg wbw)"
 echo "raw UDP goodput (4112 B x32, no GSO):   $u0 Gb/s   [$(tr '\n' ' ' < /tmp/monel-bench-udpbw0.$$)]"
-echo "Monel RC WRITE 64 KiB, no GSO:          $w0 Gb/s   [$(tr '\n' ' ' < /tmp/monel-bench-wbw0.$$)]  ratio $(echo "$w0 / $u0" | bc -l | cut -c1-5); client CPU $c0 s/GB"
+echo "Monel RC WRITE 64 KiB, no GSO:          $w0 Gb/s   [$(tr '\n' ' ' < /tmp/monel-bench-wbw0.$$)]  ratio $(echo "$w0 / $u0" | bc -l | cut -c1-5), paired $(paired udpbw0 wbw0); client CPU $c0 s/GB"
 echo "own cores: raw UDP 8 B ping-pong:       $ul us   [$(tr '\n' ' ' < /tmp/monel-bench-udplat.$$)]"
 echo "own cores: raw UDP 8 B + 20 B ACK:       $al us   [$(tr '\n' ' ' < /tmp/monel-bench-acklat.$$)]"
-echo "own cores: Monel 8 B SEND ping-pong:     $sl us   [$(tr '\n' ' ' < /tmp/monel-bench-slat.$$)]  ratio $(echo "$sl / $ul" | bc -l | cut -c1-5); to the floor $(echo "$sl / $al" | bc -l | cut -c1-5)"
+echo "own cores: Monel 8 B SEND ping-pong:     $sl us   [$(tr '\n' ' ' < /tmp/monel-bench-slat.$$)]  ratio $(echo "$sl / $ul" | bc -l | cut -c1-5) (paired $(paired udplat slat)); to the floor $(echo "$sl / $al" | bc -l | cut -c1-5)"
 echo "one core: raw UDP 8 B ping-pong:        $ul1 us   [$(tr '\n' ' ' < /tmp/monel-bench-udplat1.$$)]"
 echo "one core: raw UDP 8 B + 20 B ACK:       $al1 us   [$(tr '\n' ' ' < /tmp/monel-bench-acklat1.$$)]"
-echo "one core: Monel 8 B SEND ping-pong:     $sl1 us   [$(tr '\n' ' ' < /tmp/monel-bench-slat1.$$)]  ratio $(echo "$sl1 / $ul1" | bc -l | cut -c1-5); to the floor $(echo "$sl1 / $al1" | bc -l | cut -c1-5)"
+echo "one core: Monel 8 B SEND ping-pong:     $sl1 us   [$(tr '\n' ' ' < /tmp/monel-bench-slat1.$$)]  ratio $(echo "$sl1 / $ul1" | bc -l | cut -c1-5) (paired $(paired udplat1 slat1)); to the floor $(echo "$sl1 / $al1" | bc -l | cut -c1-5)"
 echo "busy: raw UDP 8 B ping-pong:            $bul us   [$(tr '\n' ' ' < /tmp/monel-bench-budplat.$$)]"
 echo "busy: raw UDP 8 B + 20 B ACK (floor):    $bal us   [$(tr '\n' ' ' < /tmp/monel-bench-backlat.$$)]"
-echo "busy: Monel 8 B SEND ping-pong:         $bsl us   [$(tr '\n' ' ' < /tmp/monel-bench-bslat.$$)]  ratio $(echo "$bsl / $bul" | bc -l | cut -c1-5); to the floor $(echo "$bsl / $bal" | bc -l | cut -c1-5)"
+echo "busy: Monel 8 B SEND ping-pong:         $bsl us   [$(tr '\n' ' ' < /tmp/monel-bench-bslat.$$)]  ratio $(echo "$bsl / $bul" | bc -l | cut -c1-5) (paired $(paired budplat bslat)); to the floor $(echo "$bsl / $bal" | bc -l | cut -c1-5)"
 rm -f /tmp/monel-bench-*.$$
