@@ -144,7 +144,7 @@ for np in $nps; do
 done
 
 cc_said=${baseline_cc:-"the system default"}
-python3 - "$work/all" "$netns" "$cc_said" "$work/probe" << 'EOF'
+python3 - "$work/all" "$netns" "$cc_said" "$work/probe" "${MONEL_TCP_CONGESTION:-cubic, else reno}" << 'EOF'
 import collections, statistics, sys
 t = collections.defaultdict(list)
 for line in open(sys.argv[1]):
@@ -157,7 +157,7 @@ rows = sorted({(k[1], k[2]) for k in med})
 def busbw(np, size, us):
     return size * 2 * (np - 1) / np / us / 1e3
 where = "two network namespaces (veth)" if sys.argv[2] == "1" else "one host (loopback, shared memory)"
-print(f"# float32 AllReduce, {where}; medians of {len(next(iter(t.values())))} interleaved rounds; Open MPI's and Gloo's TCP congestion control: {sys.argv[3]}")
+print(f"# float32 AllReduce, {where}; medians of {len(next(iter(t.values())))} interleaved rounds; Open MPI's and Gloo's TCP congestion control: {sys.argv[3]}; Monel's TCP links: {sys.argv[5]}")
 tcp = sys.argv[2] == "1"
 extra = " Monel TCP oop us | Monel TCP / MPI | Monel TCP / Gloo |" if tcp else " Monel -R oop us | Monel -R in-place us | Monel -R / MPI | Monel -R / Gloo |"
 label = "Monel RoCE" if tcp else "Monel"
