@@ -582,7 +582,7 @@ impl Communicator {
                         )));
                     }
                     let link = TcpLink::new(s).map_err(|e| CclError::io("link", e))?;
-                    let cc = link.set_congestion(&cfg.tcp_congestion);
+                    let cc = link.choose_congestion(&cfg.tcp_congestion);
                     links[j] = Some(Box::new(link));
                     paths[j] = format!(
                         "rank {rank} -> {j} via TCP {} -> {} (congestion {cc}; not SHM: {}; not RDMA: {why})",

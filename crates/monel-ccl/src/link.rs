@@ -83,7 +83,7 @@ impl TcpLink {
 
     /// Asks the kernel for the first congestion control in `wanted` it accepts for this
     /// connection (none: keep the system's) and says which one is in force, and why.
-    pub fn set_congestion(&self, wanted: &[String]) -> String {
+    pub fn choose_congestion(&self, wanted: &[String]) -> String {
         let mut refused = Vec::new();
         let mut taken = false;
         for name in wanted {
