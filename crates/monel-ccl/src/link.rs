@@ -108,7 +108,7 @@ impl TcpLink {
 }
 
 /// The congestion control a TCP connection runs.
-pub fn congestion(s: &TcpStream) -> io::Result<String> {
+fn congestion(s: &TcpStream) -> io::Result<String> {
     use nix::sys::socket::{getsockopt, sockopt::TcpCongestion};
     let name = getsockopt(s, TcpCongestion).map_err(io::Error::from)?;
     Ok(name.to_string_lossy().trim_end_matches('\0').to_string())
@@ -117,7 +117,7 @@ pub fn congestion(s: &TcpStream) -> io::Result<String> {
 /// Sets a TCP connection's congestion control (`TCP_CONGESTION`): the kernel refuses names
 /// it does not have, and names outside `tcp_allowed_congestion_control` to unprivileged
 /// processes.
-pub fn set_congestion(s: &TcpStream, name: &str) -> io::Result<()> {
+fn set_congestion(s: &TcpStream, name: &str) -> io::Result<()> {
     use nix::sys::socket::{setsockopt, sockopt::TcpCongestion};
     setsockopt(s, TcpCongestion, &std::ffi::OsString::from(name)).map_err(io::Error::from)
 }
