@@ -10,17 +10,17 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::bootstrap::{Launch, PeerAddrs, UniqueId, launch_from, mesh, rendezvous};
-use crate::buffers::Buffers;
-use crate::dtype::{DataType, RedOp};
+use monel_sched::buffers::Buffers;
+use monel_sched::dtype::{DataType, RedOp};
 use crate::error::{CclError, ErrorKind, Result};
 use crate::exec::{self, Ctx, Links, Name, P2pSeqs, Pool};
 use crate::link::{FRAME_DATA, HEADER_LEN, Header, Link, Signature, TcpLink};
-use crate::plan::{self, Algorithm, Collective};
+use monel_sched::plan::{self, Algorithm, Collective};
 use crate::rdma::{self, RdmaConfig, Via};
-use crate::reduce;
-use crate::schedule::{Buf, Op, Schedule, Span, Step};
+use monel_sched::reduce;
+use monel_sched::schedule::{Buf, Op, Schedule, Span, Step};
 use crate::shm::{ShmConfig, Upgrade, upgrade};
-use crate::tune;
+use monel_sched::tune;
 use crate::window::{self, Loc, Region, Window, Windows};
 
 /// Settings (each has a `MONEL_*` variable; see [`CommConfig::from_env`]).
@@ -1054,8 +1054,8 @@ impl Communicator {
             self.tiny_done += 1;
         }
         let res = match landed {
-            Some(Ok(())) if op == RedOp::Avg => bufs.divide(output),
-            Some(r) => r,
+            Some(Ok(())) if op == RedOp::Avg => bufs.divide(output).map_err(CclError::from),
+            Some(r) => r.map_err(CclError::from),
             None => {
                 // The executor takes it from here: the receive, then the average.
                 let mut rest = Schedule::default();
@@ -1918,8 +1918,8 @@ fn serve_env_root(l: &Launch) -> Result<()> {
 mod tuning {
     use crate::comm::CommConfig;
     use crate::error::{CclError, ErrorKind};
-    use crate::plan::Algorithm;
-    use crate::tune::{Costs, Hosts};
+    use monel_sched::plan::Algorithm;
+    use monel_sched::tune::{Costs, Hosts};
 
     /// Bytes per rank: nine little-endian u64s.
     pub(super) const LEN: usize = 72;

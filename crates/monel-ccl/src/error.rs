@@ -81,3 +81,13 @@ impl fmt::Display for CclError {
 }
 
 impl std::error::Error for CclError {}
+
+impl From<monel_sched::SchedError> for CclError {
+    fn from(e: monel_sched::SchedError) -> Self {
+        let kind = match e.kind {
+            monel_sched::SchedErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
+            _ => ErrorKind::Internal,
+        };
+        Self::new(kind, e.message)
+    }
+}

@@ -9,11 +9,11 @@ use std::time::Instant;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
-use crate::buffers::Buffers;
+use monel_sched::buffers::Buffers;
 use crate::error::{CclError, ErrorKind, Result};
 use crate::link::{FRAME_ABORT, FRAME_CLOSE, FRAME_DATA, HEADER_LEN, Header, Link, Signature};
-use crate::plan::Algorithm;
-use crate::schedule::{Op, Schedule, Span};
+use monel_sched::plan::Algorithm;
+use monel_sched::schedule::{Op, Schedule, Span};
 
 /// Largest payload per frame: bigger messages go as several frames.
 const FRAME_MAX: usize = 16 << 20;

@@ -11,30 +11,20 @@
 //!  links to peers (link, tcp)    byte streams; a status endpoint names missing ranks on timeout
 //! ```
 //!
-//! The same schedules run in memory in [`sim`], which the property tests use.
+//! The schedules themselves are plain data in `monel-sched`, which also runs them in memory.
 
 pub mod bootstrap;
-pub mod buffers;
 pub mod comm;
-pub mod copy;
 mod cpus;
-pub mod dtype;
 pub mod error;
 mod exec;
-pub mod fp8;
 pub mod link;
-pub mod plan;
 pub mod rdma;
-pub mod reduce;
-pub mod schedule;
 pub mod shm;
-pub mod sim;
-pub mod tune;
 pub mod window;
 
 pub use bootstrap::UniqueId;
 pub use comm::{CommConfig, Communicator, GroupOp, Io};
-pub use dtype::{DataType, RedOp};
+pub use monel_sched::{Algorithm, Collective, DataType, RedOp};
 pub use error::{CclError, ErrorKind, Result};
-pub use plan::{Algorithm, Collective};
 pub use window::Window;

@@ -194,7 +194,7 @@ pub(crate) struct Signature {
     /// Below 2^24 (the header keeps 24 bits).
     pub(crate) root: u32,
     pub(crate) count: u64,
-    /// The algorithm the sender runs ([`crate::plan::Algorithm::code`]; 0: none, as for
+    /// The algorithm the sender runs ([`monel_sched::plan::Algorithm::code`]; 0: none, as for
     /// point-to-point messages and control frames): ranks that chose differently find out
     /// at the first message, even where the schedules would exchange the same sizes.
     pub(crate) algo: u8,

@@ -25,7 +25,7 @@ use monel_verbs::{
 use nix::poll::PollFlags;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 
-use crate::copy::copy;
+use monel_copy::copy;
 use crate::link::Link;
 use crate::shm::{bound_reads, first_text, recv_msg, send_msg};
 

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use nix::poll::PollFlags;
 use nix::sys::mman::{MapFlags, ProtFlags, mmap, munmap};
 
-use crate::copy::{Adaptive, Costs, STREAM_MIN, copy};
+use monel_copy::{Adaptive, Costs, STREAM_MIN, copy};
 use crate::link::Link;
 
 const MAGIC_OFFER: &[u8; 4] = b"MNLS";

@@ -12,7 +12,7 @@
 //! it is calling (signature, and where its send and receive buffers lie in which window)
 //! and waits for every rank; then every rank checks all the signatures alike (so all agree
 //! on a mismatch before any byte moves) and does its share: for a reduction, the part
-//! [`crate::schedule::split`] gives it, folded in rank order (the same bits as the
+//! [`monel_sched::schedule::split`] gives it, folded in rank order (the same bits as the
 //! deterministic algorithm) and stored into every rank's output; for the rest, it pulls what
 //! its own output needs. At the second meeting every rank waits until nobody reads or
 //! writes its buffers any more, and returns. Parts are disjoint, so no byte is written by
@@ -29,11 +29,11 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use crate::dtype::{DataType, RedOp};
+use monel_sched::dtype::{DataType, RedOp};
 use crate::error::{CclError, ErrorKind, Result};
-use crate::plan::Collective;
-use crate::reduce;
-use crate::schedule::split;
+use monel_sched::plan::Collective;
+use monel_sched::reduce;
+use monel_sched::schedule::split;
 use crate::shm::Segment;
 
 /// The header page in front of a window's bytes (the nonce lives there).
@@ -591,7 +591,7 @@ fn copy(src: *const u8, dst: *mut u8, len: usize) {
             std::slice::from_raw_parts_mut(dst, len),
         )
     };
-    crate::copy::copy(d, s);
+    monel_copy::copy(d, s);
 }
 
 /// Folds the n sources in rank order into every destination, a pass at a time.

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use monel_ccl::comm::Transports;
-use monel_ccl::plan::Algorithm;
+use monel_sched::Algorithm;
 use monel_ccl::{
     Collective, CommConfig, Communicator, DataType, ErrorKind, GroupOp, Io, RedOp, UniqueId,
 };

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use monel_ccl::fp8::Fp8;
+use monel_sched::fp8::Fp8;
 use monel_ccl::window::MIN_BYTES;
 use monel_ccl::{
     Algorithm, Collective, CommConfig, Communicator, DataType, ErrorKind, Io, RedOp, UniqueId,

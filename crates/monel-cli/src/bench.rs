@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use monel_ccl::fp8::Fp8;
+use monel_sched::fp8::Fp8;
 use monel_ccl::{Collective, Communicator, DataType, Io, RedOp};
 
 /// Arguments (nccl-tests' names).

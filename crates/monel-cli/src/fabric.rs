@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
-use monel_ccl::plan::Algorithm;
+use monel_sched::Algorithm;
 use monel_fabric::{Report, SweepRow, evaluate, parse_design, svg_chart};
 
 #[derive(Debug, Args)]

@@ -13,8 +13,8 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 
-use monel_ccl::RedOp;
-use monel_ccl::plan::{Algorithm, Collective};
+use monel_sched::RedOp;
+use monel_sched::plan::{Algorithm, Collective};
 use monel_fabric::*;
 
 fn predict(n: usize, bytes: u64, bps: f64, alpha: f64) -> f64 {

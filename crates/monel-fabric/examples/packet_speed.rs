@@ -6,8 +6,8 @@
 
 use std::time::Instant;
 
-use monel_ccl::RedOp;
-use monel_ccl::plan::{Algorithm, Collective, schedule};
+use monel_sched::RedOp;
+use monel_sched::plan::{Algorithm, Collective, schedule};
 use monel_fabric::*;
 
 fn main() {

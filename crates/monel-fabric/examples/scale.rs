@@ -2,8 +2,8 @@
 //! `cargo run --release -p monel-fabric --example scale -- 16384 100000`.
 use std::time::Instant;
 
-use monel_ccl::RedOp;
-use monel_ccl::plan::{Algorithm, Collective};
+use monel_sched::RedOp;
+use monel_sched::plan::{Algorithm, Collective};
 use monel_fabric::*;
 
 fn main() {

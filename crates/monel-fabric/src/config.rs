@@ -26,8 +26,8 @@
 
 use std::fmt;
 
-use monel_ccl::RedOp;
-use monel_ccl::plan::{Algorithm, Collective};
+use monel_sched::RedOp;
+use monel_sched::plan::{Algorithm, Collective};
 use toml::{Table, Value};
 
 use crate::cluster::{Cluster, Server};

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! units (400Gbps, 1us) --> LeafSpine | FatTree | RailOptimized --> Fabric --+ Server --> Cluster
-//! monel_ccl::plan::schedule(...) --> replay (event engine, async ranks, <= 4096 ranks)
+//! monel_sched::plan::schedule(...) --> replay (event engine, async ranks, <= 4096 ranks)
 //!                                --> lockstep (rank- or host-symmetric algorithms, 100,000 GPUs)
 //! plan: collectives (NCCL-style channels on NIC rails), training steps, cost
 //! ```

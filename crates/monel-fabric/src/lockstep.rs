@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 
-use monel_ccl::schedule::{Op, Schedule};
+use monel_sched::schedule::{Op, Schedule};
 
 use crate::cluster::Cluster;
 use crate::flow::drain;
@@ -248,7 +248,7 @@ pub fn lockstep(
     // Ring-like jobs: every step sends at most one message, always to the same neighbour;
     // or, on hosts, rings in phases (the hierarchy's rings inside and between hosts): every
     // rank sends at most one message per step, to its neighbour in the phase's ring.
-    let one_send = |s: &monel_ccl::schedule::Step| {
+    let one_send = |s: &monel_sched::schedule::Step| {
         s.ops
             .iter()
             .filter(|o| matches!(o, Op::Send { .. }))

@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use monel_ccl::plan::{Algorithm, Collective, schedule_ordered};
-use monel_ccl::schedule::Schedule;
+use monel_sched::plan::{Algorithm, Collective, schedule_ordered};
+use monel_sched::schedule::Schedule;
 
 use crate::cluster::Cluster;
 use crate::lockstep::{Lockstep, SymJob, Symmetry, lockstep, symmetric};

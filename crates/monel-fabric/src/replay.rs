@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 
-use monel_ccl::schedule::{Op, Schedule};
+use monel_sched::schedule::{Op, Schedule};
 
 use crate::cluster::Cluster;
 use crate::flow::max_min_rates_by;

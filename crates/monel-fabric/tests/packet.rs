@@ -2,8 +2,8 @@
 //! behaviour: convergence to the fair share, pauses under incast that spread upstream,
 //! lossless credits, adaptive routing around ECMP collisions.
 
-use monel_ccl::RedOp;
-use monel_ccl::plan::{Algorithm, Collective, schedule};
+use monel_sched::RedOp;
+use monel_sched::plan::{Algorithm, Collective, schedule};
 use monel_fabric::*;
 
 mod common;

@@ -2,8 +2,8 @@
 //! exactly 2(n-1)·alpha + 2(n-1)/n · S/B, and all-to-all on an oversubscribed leaf-spine
 //! is as much slower as the oversubscription says.
 
-use monel_ccl::RedOp;
-use monel_ccl::plan::{Algorithm, Collective, schedule};
+use monel_sched::RedOp;
+use monel_sched::plan::{Algorithm, Collective, schedule};
 use monel_fabric::*;
 
 mod common;
@@ -14,13 +14,13 @@ fn schedules(
     algo: Algorithm,
     n: usize,
     count: usize,
-) -> Vec<monel_ccl::schedule::Schedule> {
+) -> Vec<monel_sched::schedule::Schedule> {
     (0..n)
         .map(|r| schedule(coll, algo, n, r, count, 1 << 20, false).unwrap())
         .collect()
 }
 
-fn jobs(place: &[usize], scheds: Vec<monel_ccl::schedule::Schedule>) -> Vec<Job> {
+fn jobs(place: &[usize], scheds: Vec<monel_sched::schedule::Schedule>) -> Vec<Job> {
     vec![Job {
         gpus: place.to_vec(),
         schedules: scheds,

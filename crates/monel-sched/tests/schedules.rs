@@ -3,11 +3,11 @@
 //! every rank's output is checked against a reference computed here, independently.
 
 use half::{bf16, f16};
-use monel_ccl::buffers::Buffers;
-use monel_ccl::fp8::Fp8;
-use monel_ccl::plan::{self, Algorithm, Collective};
-use monel_ccl::schedule::{Op, validate};
-use monel_ccl::{DataType, RedOp, sim};
+use monel_sched::buffers::Buffers;
+use monel_sched::fp8::Fp8;
+use monel_sched::plan::{self, Algorithm, Collective};
+use monel_sched::schedule::{Op, validate};
+use monel_sched::{DataType, RedOp, sim};
 use proptest::prelude::*;
 
 /// Encodes small integers as `t`, wrapping integers to the type's width.

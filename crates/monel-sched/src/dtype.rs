@@ -105,7 +105,8 @@ impl DataType {
         })
     }
 
-    pub(crate) const fn code(self) -> u8 {
+    /// The wire code (stable: it is part of the collective frames and window signatures).
+    pub const fn code(self) -> u8 {
         match self {
             Self::I8 => 0,
             Self::U8 => 1,
@@ -175,7 +176,8 @@ impl RedOp {
         }
     }
 
-    pub(crate) const fn code(self) -> u8 {
+    /// The wire code (stable: it is part of the collective frames and window signatures).
+    pub const fn code(self) -> u8 {
         match self {
             Self::Sum => 0,
             Self::Prod => 1,

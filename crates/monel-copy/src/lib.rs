@@ -139,7 +139,7 @@ fn step64(d: &mut [u8], s: &[u8], stream: bool) {
 
 /// Copies shorter than this go to [`copy`] in [`stream`] (a streaming store pays off only
 /// on bulk data, and small messages want to stay in cache for a reader that polls them).
-pub(crate) const STREAM_MIN: usize = 4096;
+pub const STREAM_MIN: usize = 4096;
 
 /// `dst.copy_from_slice(src)` with non-temporal stores, for bytes another core reads next
 /// (a shared-memory ring): they go to memory instead of sitting modified in this core's

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::buffers::Buffers;
-use crate::error::{CclError, Result};
+use crate::error::{Result, SchedError};
 use crate::schedule::{Op, Schedule};
 
 /// Runs `schedules[r]` on `bufs[r]` for every rank until all finish. Fails on a message of
@@ -82,7 +82,7 @@ pub fn run(schedules: &[Schedule], bufs: &mut [Buffers<'_>]) -> Result<()> {
             return Ok(());
         }
         if !progress {
-            return Err(CclError::internal(format!(
+            return Err(SchedError::internal(format!(
                 "schedules deadlock at steps {pc:?}"
             )));
         }

@@ -4,7 +4,7 @@
 use std::fmt;
 
 use crate::dtype::RedOp;
-use crate::error::{CclError, Result};
+use crate::error::{Result, SchedError};
 use crate::schedule::{self as sch, Schedule};
 
 /// A collective operation with its arguments (other than buffers, count and type).
@@ -219,7 +219,7 @@ pub fn schedule_ordered(
     per_host: usize,
 ) -> Result<Schedule> {
     if !is_order(order, n) {
-        return Err(CclError::invalid(format!(
+        return Err(SchedError::invalid(format!(
             "rank order {order:?} is not a permutation of 0..{n}"
         )));
     }
@@ -244,7 +244,7 @@ pub fn schedule_ordered(
     let place = order
         .iter()
         .position(|&x| x == r)
-        .ok_or_else(|| CclError::invalid(format!("rank {r} is not in the rank order {order:?}")))?;
+        .ok_or_else(|| SchedError::invalid(format!("rank {r} is not in the rank order {order:?}")))?;
     let mut s = build(place)?;
     s.relabel(order);
     Ok(s)
@@ -264,7 +264,7 @@ pub fn schedule(
     in_place: bool,
 ) -> Result<Schedule> {
     if !coll.algorithms().contains(&algo) {
-        return Err(CclError::invalid(format!(
+        return Err(SchedError::invalid(format!(
             "{} has no {} algorithm",
             coll.name(),
             algo.name()

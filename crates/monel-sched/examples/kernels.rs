@@ -1,11 +1,11 @@
 //! Reduction and copy kernels against memcpy, on buffers of a given size (default 16 MiB),
 //! float32 sum: GB/s of one operand processed, median of 9 runs, interleaved.
-//!   cargo run --release -p monel-ccl --example kernels [BYTES]
+//!   cargo run --release -p monel-sched --example kernels [BYTES]
 
 use std::time::Instant;
 
-use monel_ccl::reduce::{reduce_into, reduce_to};
-use monel_ccl::{DataType, RedOp};
+use monel_sched::reduce::{reduce_into, reduce_to};
+use monel_sched::{DataType, RedOp};
 
 /// A named kernel writing its output into the buffer it is given.
 type Kernel<'a> = (&'a str, &'a dyn Fn(&mut [u8]));

@@ -4,9 +4,9 @@
 
 use std::ops::Range;
 
-use crate::copy::copy;
+use monel_copy::copy;
 use crate::dtype::{DataType, RedOp};
-use crate::error::{CclError, Result};
+use crate::error::{Result, SchedError};
 use crate::reduce::{divide, reduce_into, reduce_to};
 use crate::schedule::{Buf, Span};
 
@@ -152,7 +152,7 @@ impl<'a> Buffers<'a> {
         let start = base + s.off * es;
         let end = start + s.len * es;
         if end > limit {
-            return Err(CclError::internal(format!(
+            return Err(SchedError::internal(format!(
                 "{s:?} is outside its buffer ({limit} bytes)"
             )));
         }
@@ -175,7 +175,7 @@ impl<'a> Buffers<'a> {
     pub fn bytes_mut(&mut self, s: Span) -> Result<&mut [u8]> {
         let (m, r) = self.locate(s)?;
         match m {
-            Mem::In | Mem::SendPart(_) => Err(CclError::internal(
+            Mem::In | Mem::SendPart(_) => Err(SchedError::internal(
                 "a schedule writes to the read-only input",
             )),
             Mem::User => Ok(&mut self.user[r]),
@@ -190,21 +190,21 @@ impl<'a> Buffers<'a> {
         let (sm, sr) = self.locate(src)?;
         let (dm, dr) = self.locate(dst)?;
         if sr.len() != dr.len() {
-            return Err(CclError::internal("spans of different lengths"));
+            return Err(SchedError::internal("spans of different lengths"));
         }
         if sm == dm {
             if sr == dr {
                 return Ok(());
             }
             if sr.start < dr.end && dr.start < sr.end {
-                return Err(CclError::internal("overlapping local operation"));
+                return Err(SchedError::internal("overlapping local operation"));
             }
             let buf: &mut [u8] = match dm {
                 Mem::User => self.user,
                 Mem::Scratch => &mut self.scratch,
                 Mem::RecvPart(i) => self.recv_parts[i],
                 Mem::In | Mem::SendPart(_) => {
-                    return Err(CclError::internal(
+                    return Err(SchedError::internal(
                         "a schedule writes to the read-only input",
                     ));
                 }
@@ -228,7 +228,7 @@ impl<'a> Buffers<'a> {
                 f(&self.send_parts[i][sr], &mut self.recv_parts[j][dr]);
             }
             _ => {
-                return Err(CclError::internal(
+                return Err(SchedError::internal(
                     "a schedule writes to the read-only input",
                 ));
             }
@@ -254,7 +254,7 @@ impl<'a> Buffers<'a> {
     /// `dst = acc op incoming` (`acc` may be `dst`).
     pub fn land_onto(&mut self, acc: Span, dst: Span, incoming: &[u8]) -> Result<()> {
         if acc.len * self.dtype.size() != incoming.len() {
-            return Err(CclError::internal("message of the wrong length"));
+            return Err(SchedError::internal("message of the wrong length"));
         }
         if self.locate(acc)? == self.locate(dst)? {
             return self.land(dst, incoming, true);
@@ -267,7 +267,7 @@ impl<'a> Buffers<'a> {
         let (t, op) = (self.dtype, self.op());
         let d = self.bytes_mut(dst)?;
         if d.len() != incoming.len() {
-            return Err(CclError::internal("message of the wrong length"));
+            return Err(SchedError::internal("message of the wrong length"));
         }
         if reduce {
             reduce_into(d, incoming, t, op);
@@ -278,6 +278,6 @@ impl<'a> Buffers<'a> {
     }
 }
 
-fn no_part(s: Span) -> CclError {
-    CclError::internal(format!("{s:?}: no such part in this group"))
+fn no_part(s: Span) -> SchedError {
+    SchedError::internal(format!("{s:?}: no such part in this group"))
 }
