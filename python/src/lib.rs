@@ -11,8 +11,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use monel_ccl::{
-    CclError, Collective, CommConfig, Communicator, DataType, ErrorKind, GroupOp, Io, RedOp,
-    UniqueId, Window,
+    CclError, Collective, CollectiveKind, CommConfig, Communicator, DataType, ErrorKind, GroupOp,
+    Io, RedOp, UniqueId, Window,
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
@@ -748,18 +748,9 @@ impl Comm {
         defer: bool,
     ) -> PyResult<Work> {
         let red = redop_of(op)?;
-        let coll = match name {
-            "all_reduce" => Collective::AllReduce(red),
-            "broadcast" => Collective::Broadcast(root),
-            "reduce" => Collective::Reduce(red, root),
-            "all_gather" => Collective::AllGather,
-            "reduce_scatter" => Collective::ReduceScatter(red),
-            "all_to_all" => Collective::AllToAll,
-            "gather" => Collective::Gather(root),
-            "scatter" => Collective::Scatter(root),
-            "barrier" => Collective::Barrier,
-            _ => return Err(invalid(format!("unknown collective {name:?}"))),
-        };
+        let coll = CollectiveKind::parse(name)
+            .ok_or_else(|| invalid(format!("unknown collective {name:?}")))?
+            .with(red, root);
         let s = send
             .as_ref()
             .map(|b| Region::of(b, false, "input"))

@@ -10,18 +10,18 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::bootstrap::{Launch, PeerAddrs, UniqueId, launch_from, mesh, rendezvous};
-use monel_sched::buffers::Buffers;
-use monel_sched::dtype::{DataType, RedOp};
 use crate::error::{CclError, ErrorKind, Result};
 use crate::exec::{self, Ctx, Links, Name, P2pSeqs, Pool};
 use crate::link::{FRAME_DATA, HEADER_LEN, Header, Link, Signature, TcpLink};
-use monel_sched::plan::{self, Algorithm, Collective};
 use crate::rdma::{self, RdmaConfig, Via};
+use crate::shm::{ShmConfig, Upgrade, upgrade};
+use crate::window::{self, Loc, Region, Window, Windows};
+use monel_sched::buffers::Buffers;
+use monel_sched::dtype::{DataType, RedOp};
+use monel_sched::plan::{self, Algorithm, Collective, CollectiveKind};
 use monel_sched::reduce;
 use monel_sched::schedule::{Buf, Op, Schedule, Span, Step};
-use crate::shm::{ShmConfig, Upgrade, upgrade};
 use monel_sched::tune;
-use crate::window::{self, Loc, Region, Window, Windows};
 
 /// Settings (each has a `MONEL_*` variable; see [`CommConfig::from_env`]).
 #[derive(Debug, Clone)]
@@ -394,39 +394,16 @@ impl Hasher for Fnv {
 /// Most schedules kept (a training loop uses a handful of shapes).
 const SCHEDULE_CACHE: usize = 256;
 
-fn coll_code(c: Collective) -> u8 {
-    match c {
-        Collective::AllReduce(_) => 1,
-        Collective::Broadcast(_) => 2,
-        Collective::Reduce(..) => 3,
-        Collective::AllGather => 4,
-        Collective::ReduceScatter(_) => 5,
-        Collective::AllToAll => 6,
-        Collective::Gather(_) => 7,
-        Collective::Scatter(_) => 8,
-        Collective::Barrier => 9,
-    }
-}
-
 fn describe_sig(s: &Signature) -> String {
-    let coll = match s.coll {
-        1 => "all_reduce",
-        2 => "broadcast",
-        3 => "reduce",
-        4 => "all_gather",
-        5 => "reduce_scatter",
-        6 => "alltoall",
-        7 => "gather",
-        8 => "scatter",
-        9 => "barrier",
-        exec::P2P_CODE if s.seq == 0 => {
-            return format!("a send/recv group ({} bytes)", s.count);
-        }
-        exec::P2P_CODE => {
-            return format!("send/recv message #{} of {} bytes", s.seq, s.count);
-        }
-        _ => "an unknown operation",
-    };
+    let kind = CollectiveKind::from_code(s.coll);
+    if kind.is_none() && s.coll == exec::P2P_CODE {
+        return if s.seq == 0 {
+            format!("a send/recv group ({} bytes)", s.count)
+        } else {
+            format!("send/recv message #{} of {} bytes", s.seq, s.count)
+        };
+    }
+    let coll = kind.map_or("an unknown operation", CollectiveKind::name);
     let dt = DataType::ALL
         .into_iter()
         .find(|t| t.code() == s.dtype)
@@ -436,10 +413,10 @@ fn describe_sig(s: &Signature) -> String {
         .find(|o| o.code() == s.op)
         .map_or("?", RedOp::name);
     let mut out = format!("{coll} #{} count {} {dt}", s.seq, s.count);
-    if matches!(s.coll, 1 | 3 | 5) {
+    if kind.is_some_and(CollectiveKind::has_op) {
         out += &format!(" op {op}");
     }
-    if matches!(s.coll, 2 | 3 | 7 | 8) {
+    if kind.is_some_and(CollectiveKind::has_root) {
         out += &format!(" root {}", s.root);
     }
     out
@@ -791,7 +768,7 @@ impl Communicator {
         if let Some(a) = self.forced(coll) {
             return a;
         }
-        let (code, bytes) = (coll_code(coll), count * dtype.size());
+        let (code, bytes) = (coll.code(), count * dtype.size());
         let slot = (bytes.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58 ^ usize::from(code)) % CHOICES;
         match self.choices[slot] {
             Some((c, b, a)) if c == code && b == bytes => a,
@@ -933,7 +910,7 @@ impl Communicator {
         }
         let slice = (self.cfg.chunk / es).max(1);
         let key = SchedKey {
-            coll: coll_code(coll),
+            coll: coll.code(),
             op: op.code(),
             root: coll.root().unwrap_or(0),
             algo,
@@ -1096,7 +1073,7 @@ impl Communicator {
         self.seq += 1;
         let sig = Signature {
             seq: self.seq,
-            coll: coll_code(coll),
+            coll: coll.code(),
             dtype: dtype.code(),
             op: coll.op().unwrap_or(RedOp::Sum).code(),
             root: coll.root().unwrap_or(0) as u32,
@@ -1161,7 +1138,7 @@ impl Communicator {
         self.last_path = "window";
         let call = window::Call {
             coll,
-            coll_code: coll_code(coll),
+            coll_code: coll.code(),
             dtype,
             count,
             seq: self.seq,

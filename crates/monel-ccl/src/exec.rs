@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
-use monel_sched::buffers::Buffers;
 use crate::error::{CclError, ErrorKind, Result};
 use crate::link::{FRAME_ABORT, FRAME_CLOSE, FRAME_DATA, HEADER_LEN, Header, Link, Signature};
+use monel_sched::buffers::Buffers;
 use monel_sched::plan::Algorithm;
 use monel_sched::schedule::{Op, Schedule, Span};
 

@@ -25,6 +25,6 @@ pub mod window;
 
 pub use bootstrap::UniqueId;
 pub use comm::{CommConfig, Communicator, GroupOp, Io};
-pub use monel_sched::{Algorithm, Collective, DataType, RedOp};
 pub use error::{CclError, ErrorKind, Result};
+pub use monel_sched::{Algorithm, Collective, CollectiveKind, DataType, RedOp};
 pub use window::Window;

@@ -25,9 +25,9 @@ use monel_verbs::{
 use nix::poll::PollFlags;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 
-use monel_copy::copy;
 use crate::link::Link;
 use crate::shm::{bound_reads, first_text, recv_msg, send_msg};
+use monel_copy::copy;
 
 /// Soft-RNIC transport settings.
 #[derive(Debug, Clone)]

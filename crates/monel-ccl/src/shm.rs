@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use nix::poll::PollFlags;
 use nix::sys::mman::{MapFlags, ProtFlags, mmap, munmap};
 
-use monel_copy::{Adaptive, Costs, STREAM_MIN, copy};
 use crate::link::Link;
+use monel_copy::{Adaptive, Costs, STREAM_MIN, copy};
 
 const MAGIC_OFFER: &[u8; 4] = b"MNLS";
 const PAGE: usize = 4096;

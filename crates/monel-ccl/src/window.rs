@@ -29,12 +29,12 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use monel_sched::dtype::{DataType, RedOp};
 use crate::error::{CclError, ErrorKind, Result};
+use crate::shm::Segment;
+use monel_sched::dtype::{DataType, RedOp};
 use monel_sched::plan::Collective;
 use monel_sched::reduce;
 use monel_sched::schedule::split;
-use crate::shm::Segment;
 
 /// The header page in front of a window's bytes (the nonce lives there).
 pub(crate) const HEADER: usize = 4096;

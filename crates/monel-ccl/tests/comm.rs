@@ -6,10 +6,10 @@
 use std::time::{Duration, Instant};
 
 use monel_ccl::comm::Transports;
-use monel_sched::Algorithm;
 use monel_ccl::{
     Collective, CommConfig, Communicator, DataType, ErrorKind, GroupOp, Io, RedOp, UniqueId,
 };
+use monel_sched::Algorithm;
 
 fn f32s(v: impl IntoIterator<Item = f32>) -> Vec<u8> {
     v.into_iter().flat_map(f32::to_le_bytes).collect()

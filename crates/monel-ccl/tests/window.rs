@@ -6,11 +6,11 @@
 
 use std::time::{Duration, Instant};
 
-use monel_sched::fp8::Fp8;
 use monel_ccl::window::MIN_BYTES;
 use monel_ccl::{
     Algorithm, Collective, CommConfig, Communicator, DataType, ErrorKind, Io, RedOp, UniqueId,
 };
+use monel_sched::fp8::Fp8;
 
 /// Runs `f(comm)` on `n` ranks (threads) of one communicator; `host(r)` is rank r's
 /// `MONEL_HOST` (`None`: this machine).

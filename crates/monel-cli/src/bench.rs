@@ -5,13 +5,15 @@
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use monel_sched::fp8::Fp8;
 use monel_ccl::{Collective, Communicator, DataType, Io, RedOp};
+use monel_sched::CollectiveKind;
+use monel_sched::fp8::Fp8;
 
 /// Arguments (nccl-tests' names).
 #[derive(Debug, clap::Args)]
 pub(crate) struct BenchArgs {
-    /// all_reduce, broadcast, reduce, all_gather, reduce_scatter, alltoall, gather, scatter.
+    /// all_reduce, broadcast, reduce, all_gather, reduce_scatter, alltoall, gather, scatter
+    /// (nccl-tests' spellings: `allreduce`, `all-reduce` and `all_reduce_perf` work too).
     op: String,
     /// Smallest size, bytes (K, M, G suffixes).
     #[arg(short = 'b', long = "minbytes", default_value = "8")]
@@ -184,6 +186,7 @@ pub(crate) fn time_calls(
 }
 
 pub(crate) fn run(a: &BenchArgs) -> anyhow::Result<()> {
+    let kind = parse_collective(&a.op)?;
     let t =
         DataType::parse(&a.dtype).with_context(|| format!("unknown data type {:?}", a.dtype))?;
     let op = RedOp::parse(&a.redop).with_context(|| format!("unknown reduction {:?}", a.redop))?;
@@ -192,17 +195,7 @@ pub(crate) fn run(a: &BenchArgs) -> anyhow::Result<()> {
     }
     let mut comm = Communicator::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
     let (n, r) = (comm.size(), comm.rank());
-    let coll = match a.op.as_str() {
-        "all_reduce" => Collective::AllReduce(op),
-        "broadcast" => Collective::Broadcast(a.root),
-        "reduce" => Collective::Reduce(op, a.root),
-        "all_gather" => Collective::AllGather,
-        "reduce_scatter" => Collective::ReduceScatter(op),
-        "alltoall" => Collective::AllToAll,
-        "gather" => Collective::Gather(a.root),
-        "scatter" => Collective::Scatter(a.root),
-        o => bail!("unknown operation {o:?}"),
-    };
+    let coll = kind.with(op, a.root);
     if coll.root().is_some_and(|root| root >= n) {
         bail!("root {} is not a rank (0..{n})", a.root);
     }
@@ -222,7 +215,7 @@ pub(crate) fn run(a: &BenchArgs) -> anyhow::Result<()> {
     if r == 0 && a.format == "table" {
         println!(
             "# monel bench {} on {n} ranks; {}",
-            a.op,
+            coll.name(),
             comm.paths().first().map_or("one rank", |p| p.as_str())
         );
         println!(
@@ -478,4 +471,18 @@ pub(crate) fn count_wrong(
         .enumerate()
         .filter(|&(i, &w)| !matches(t, out.get(i * es..(i + 1) * es), w, n))
         .count()
+}
+
+/// A collective by any of its spellings, with a suggestion on a typo.
+fn parse_collective(name: &str) -> anyhow::Result<CollectiveKind> {
+    if let Some(k) = CollectiveKind::parse(name).filter(|&k| k != CollectiveKind::Barrier) {
+        return Ok(k);
+    }
+    match CollectiveKind::nearest(name).filter(|&k| k != CollectiveKind::Barrier) {
+        Some(k) => bail!("unknown operation {name:?}: did you mean {k}?"),
+        None => bail!(
+            "unknown operation {name:?}: want one of all_reduce, broadcast, reduce, all_gather, \
+             reduce_scatter, alltoall, gather, scatter"
+        ),
+    }
 }

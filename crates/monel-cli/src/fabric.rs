@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
-use monel_sched::Algorithm;
 use monel_fabric::{Report, SweepRow, evaluate, parse_design, svg_chart};
+use monel_sched::Algorithm;
 
 #[derive(Debug, Args)]
 pub(crate) struct FabricArgs {

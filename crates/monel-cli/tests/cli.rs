@@ -308,7 +308,8 @@ fn launch_bench(n: usize, op: &str, args: &[&str]) -> String {
 /// variables, run every size out of place and in place, and check every element.
 #[test]
 fn launch_runs_a_checked_collective_benchmark() {
-    for op in ["all_reduce", "reduce_scatter", "alltoall"] {
+    // nccl-tests' and torch's spellings name the same collectives.
+    for op in ["all_reduce", "reduce-scatter", "all_to_all"] {
         let text = launch_bench(3, op, &["-b", "8", "-e", "96K", "-f", "16", "-n", "2"]);
         assert!(
             text.contains("# Out of bounds values : 0 OK"),
@@ -320,6 +321,17 @@ fn launch_runs_a_checked_collective_benchmark() {
             "{op}: {text}"
         );
     }
+}
+
+/// A misspelled collective is refused before any rendezvous, naming the nearest one.
+#[test]
+fn bench_suggests_the_nearest_collective_on_a_typo() {
+    let (code, text) = monel(&["bench", "allreduc"]);
+    assert_ne!(code, 0, "{text}");
+    assert!(text.contains("did you mean all_reduce?"), "{text}");
+    let (code, text) = monel(&["bench", "teleport"]);
+    assert_ne!(code, 0, "{text}");
+    assert!(text.contains("want one of all_reduce"), "{text}");
 }
 
 /// `monel bench -T` times each size for a target time: the ranks calibrate on batches of

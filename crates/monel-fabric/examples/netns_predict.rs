@@ -13,9 +13,9 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 
+use monel_fabric::*;
 use monel_sched::RedOp;
 use monel_sched::plan::{Algorithm, Collective};
-use monel_fabric::*;
 
 fn predict(n: usize, bytes: u64, bps: f64, alpha: f64) -> f64 {
     // Half the ranks in each namespace: a leaf per namespace, the veth between them; ranks

@@ -6,9 +6,9 @@
 
 use std::time::Instant;
 
+use monel_fabric::*;
 use monel_sched::RedOp;
 use monel_sched::plan::{Algorithm, Collective, schedule};
-use monel_fabric::*;
 
 fn main() {
     let arg = |i: usize, d: usize| {

@@ -2,9 +2,9 @@
 //! `cargo run --release -p monel-fabric --example scale -- 16384 100000`.
 use std::time::Instant;
 
+use monel_fabric::*;
 use monel_sched::RedOp;
 use monel_sched::plan::{Algorithm, Collective};
-use monel_fabric::*;
 
 fn main() {
     for arg in std::env::args().skip(1) {

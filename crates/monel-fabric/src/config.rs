@@ -27,7 +27,7 @@
 use std::fmt;
 
 use monel_sched::RedOp;
-use monel_sched::plan::{Algorithm, Collective};
+use monel_sched::plan::{Algorithm, Collective, CollectiveKind};
 use toml::{Table, Value};
 
 use crate::cluster::{Cluster, Server};
@@ -609,25 +609,18 @@ pub fn parse_design(text: &str, name: &str, gpus: Option<usize>) -> Result<Desig
 
 /// The `op` and `algorithm` keys of a collective's section.
 fn op_and_algorithm(c: &Section<'_>) -> Result<(Collective, Algorithm), ConfigError> {
-    let coll = match c.choice(
-        "op",
-        &[
-            "all_reduce",
-            "all_gather",
-            "reduce_scatter",
-            "alltoall",
-            "broadcast",
-            "reduce",
-        ],
-        "all_reduce",
-    )? {
-        "all_gather" => Collective::AllGather,
-        "reduce_scatter" => Collective::ReduceScatter(RedOp::Sum),
-        "alltoall" => Collective::AllToAll,
-        "broadcast" => Collective::Broadcast(0),
-        "reduce" => Collective::Reduce(RedOp::Sum, 0),
-        _ => Collective::AllReduce(RedOp::Sum),
-    };
+    let kinds = [
+        CollectiveKind::AllReduce,
+        CollectiveKind::AllGather,
+        CollectiveKind::ReduceScatter,
+        CollectiveKind::AllToAll,
+        CollectiveKind::Broadcast,
+        CollectiveKind::Reduce,
+    ];
+    let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+    let coll = CollectiveKind::parse(c.choice("op", &names, "all_reduce")?)
+        .expect("listed")
+        .with(RedOp::Sum, 0);
     let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
     let algo = Algorithm::parse(c.choice("algorithm", &names, "ring")?).expect("listed");
     if !coll.algorithms().contains(&algo) {

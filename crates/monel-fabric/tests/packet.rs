@@ -2,9 +2,9 @@
 //! behaviour: convergence to the fair share, pauses under incast that spread upstream,
 //! lossless credits, adaptive routing around ECMP collisions.
 
+use monel_fabric::*;
 use monel_sched::RedOp;
 use monel_sched::plan::{Algorithm, Collective, schedule};
-use monel_fabric::*;
 
 mod common;
 use common::one_switch;

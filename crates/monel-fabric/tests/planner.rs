@@ -2,9 +2,9 @@
 //! and NICs: the lockstep engine equals the alpha-beta ring, agrees with the event engine where
 //! ECMP collides, sees a 1:4 NIC ratio and oversubscription, and prices a fabric.
 
+use monel_fabric::*;
 use monel_sched::RedOp;
 use monel_sched::plan::{Algorithm, Collective};
-use monel_fabric::*;
 
 fn leaf_spine(leaves: usize, ports: usize, spines: usize, bps: f64, lat: f64) -> Fabric {
     LeafSpine {

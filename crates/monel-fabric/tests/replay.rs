@@ -2,9 +2,9 @@
 //! exactly 2(n-1)·alpha + 2(n-1)/n · S/B, and all-to-all on an oversubscribed leaf-spine
 //! is as much slower as the oversubscription says.
 
+use monel_fabric::*;
 use monel_sched::RedOp;
 use monel_sched::plan::{Algorithm, Collective, schedule};
-use monel_fabric::*;
 
 mod common;
 use common::one_switch;

@@ -4,11 +4,11 @@
 
 use std::ops::Range;
 
-use monel_copy::copy;
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Result, SchedError};
 use crate::reduce::{divide, reduce_into, reduce_to};
 use crate::schedule::{Buf, Span};
+use monel_copy::copy;
 
 /// Where a span's bytes are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -30,20 +30,181 @@ pub enum Collective {
     Barrier,
 }
 
-impl Collective {
-    /// The name nccl-tests uses (`all_reduce`, ...).
+/// A collective without its arguments: the one home of each collective's wire code, name
+/// and spellings, shared by the frames, the logs, the CLI, the planner and Python.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CollectiveKind {
+    /// `ncclAllReduce`.
+    AllReduce,
+    /// `ncclBroadcast`.
+    Broadcast,
+    /// `ncclReduce`.
+    Reduce,
+    /// `ncclAllGather`.
+    AllGather,
+    /// `ncclReduceScatter`.
+    ReduceScatter,
+    /// `ncclAlltoAll`.
+    AllToAll,
+    /// `ncclGather`.
+    Gather,
+    /// `ncclScatter`.
+    Scatter,
+    /// A barrier.
+    Barrier,
+}
+
+impl CollectiveKind {
+    /// Every collective, in code order.
+    pub const ALL: [Self; 9] = [
+        Self::AllReduce,
+        Self::Broadcast,
+        Self::Reduce,
+        Self::AllGather,
+        Self::ReduceScatter,
+        Self::AllToAll,
+        Self::Gather,
+        Self::Scatter,
+        Self::Barrier,
+    ];
+
+    /// The wire code (stable: it is part of the collective frames and window signatures).
+    pub const fn code(self) -> u8 {
+        match self {
+            Self::AllReduce => 1,
+            Self::Broadcast => 2,
+            Self::Reduce => 3,
+            Self::AllGather => 4,
+            Self::ReduceScatter => 5,
+            Self::AllToAll => 6,
+            Self::Gather => 7,
+            Self::Scatter => 8,
+            Self::Barrier => 9,
+        }
+    }
+
+    /// The collective with wire code `code`, if any.
+    pub fn from_code(code: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.code() == code)
+    }
+
+    /// The name nccl-tests uses (`all_reduce`, `alltoall`, ...), as the logs and the CLI
+    /// print it.
     pub const fn name(self) -> &'static str {
         match self {
-            Self::AllReduce(_) => "all_reduce",
-            Self::Broadcast(_) => "broadcast",
-            Self::Reduce(..) => "reduce",
+            Self::AllReduce => "all_reduce",
+            Self::Broadcast => "broadcast",
+            Self::Reduce => "reduce",
             Self::AllGather => "all_gather",
-            Self::ReduceScatter(_) => "reduce_scatter",
+            Self::ReduceScatter => "reduce_scatter",
             Self::AllToAll => "alltoall",
-            Self::Gather(_) => "gather",
-            Self::Scatter(_) => "scatter",
+            Self::Gather => "gather",
+            Self::Scatter => "scatter",
             Self::Barrier => "barrier",
         }
+    }
+
+    /// Parses any common spelling: nccl-tests' (`all_reduce`, `alltoall`, `all_reduce_perf`),
+    /// torch's (`all_to_all`), NCCL's (`AllReduce`), with `-`, `_` or nothing between words,
+    /// in any case.
+    pub fn parse(s: &str) -> Option<Self> {
+        let key = squash(s.strip_suffix("_perf").unwrap_or(s));
+        Self::ALL.into_iter().find(|k| squash(k.name()) == key)
+    }
+
+    /// The known name nearest to a misspelled `s` (for a "did you mean" hint), if any is
+    /// close enough to be a plausible typo.
+    pub fn nearest(s: &str) -> Option<Self> {
+        let key = squash(s);
+        Self::ALL
+            .into_iter()
+            .map(|k| (edit_distance(&key, &squash(k.name())), k))
+            .filter(|&(d, _)| d <= 3)
+            .min_by_key(|&(d, _)| d)
+            .map(|(_, k)| k)
+    }
+
+    /// Whether the collective takes a reduction operator.
+    pub const fn has_op(self) -> bool {
+        matches!(self, Self::AllReduce | Self::Reduce | Self::ReduceScatter)
+    }
+
+    /// Whether the collective has a root.
+    pub const fn has_root(self) -> bool {
+        matches!(
+            self,
+            Self::Broadcast | Self::Reduce | Self::Gather | Self::Scatter
+        )
+    }
+
+    /// The collective with its arguments (`op` and `root` are ignored where it has none).
+    pub const fn with(self, op: RedOp, root: usize) -> Collective {
+        match self {
+            Self::AllReduce => Collective::AllReduce(op),
+            Self::Broadcast => Collective::Broadcast(root),
+            Self::Reduce => Collective::Reduce(op, root),
+            Self::AllGather => Collective::AllGather,
+            Self::ReduceScatter => Collective::ReduceScatter(op),
+            Self::AllToAll => Collective::AllToAll,
+            Self::Gather => Collective::Gather(root),
+            Self::Scatter => Collective::Scatter(root),
+            Self::Barrier => Collective::Barrier,
+        }
+    }
+}
+
+impl fmt::Display for CollectiveKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Lower case, without `_`, `-` or spaces.
+fn squash(s: &str) -> String {
+    s.chars()
+        .filter(|c| !matches!(c, '_' | '-' | ' '))
+        .map(|c| c.to_ascii_lowercase())
+        .collect()
+}
+
+/// Levenshtein distance (short names only: quadratic).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+impl Collective {
+    /// The collective without its arguments.
+    pub const fn kind(self) -> CollectiveKind {
+        match self {
+            Self::AllReduce(_) => CollectiveKind::AllReduce,
+            Self::Broadcast(_) => CollectiveKind::Broadcast,
+            Self::Reduce(..) => CollectiveKind::Reduce,
+            Self::AllGather => CollectiveKind::AllGather,
+            Self::ReduceScatter(_) => CollectiveKind::ReduceScatter,
+            Self::AllToAll => CollectiveKind::AllToAll,
+            Self::Gather(_) => CollectiveKind::Gather,
+            Self::Scatter(_) => CollectiveKind::Scatter,
+            Self::Barrier => CollectiveKind::Barrier,
+        }
+    }
+    /// The name nccl-tests uses ([`CollectiveKind::name`]).
+    pub const fn name(self) -> &'static str {
+        self.kind().name()
+    }
+    /// The wire code ([`CollectiveKind::code`]).
+    pub const fn code(self) -> u8 {
+        self.kind().code()
     }
     /// The root, for rooted collectives.
     pub const fn root(self) -> Option<usize> {
@@ -241,10 +402,9 @@ pub fn schedule_ordered(
     if !reorders {
         return build(r);
     }
-    let place = order
-        .iter()
-        .position(|&x| x == r)
-        .ok_or_else(|| SchedError::invalid(format!("rank {r} is not in the rank order {order:?}")))?;
+    let place = order.iter().position(|&x| x == r).ok_or_else(|| {
+        SchedError::invalid(format!("rank {r} is not in the rank order {order:?}"))
+    })?;
     let mut s = build(place)?;
     s.relabel(order);
     Ok(s)
@@ -310,4 +470,65 @@ pub fn schedule(
         (Collective::Scatter(root), _) => sch::scatter_direct(n, r, count, root),
         (Collective::Barrier, _) => sch::barrier(n, r),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_round_trips_through_its_code_and_name() {
+        for k in CollectiveKind::ALL {
+            assert_eq!(CollectiveKind::from_code(k.code()), Some(k));
+            assert_eq!(CollectiveKind::parse(k.name()), Some(k));
+            assert_eq!(k.with(RedOp::Max, 1).kind(), k);
+            assert_eq!(k.with(RedOp::Max, 1).op().is_some(), k.has_op());
+            assert_eq!(k.with(RedOp::Max, 1).root().is_some(), k.has_root());
+        }
+        assert_eq!(CollectiveKind::from_code(0), None);
+        assert_eq!(CollectiveKind::from_code(10), None);
+    }
+
+    #[test]
+    fn the_spellings_of_nccl_tests_torch_and_nccl_parse() {
+        for s in [
+            "all_reduce",
+            "allreduce",
+            "all-reduce",
+            "AllReduce",
+            "all_reduce_perf",
+        ] {
+            assert_eq!(
+                CollectiveKind::parse(s),
+                Some(CollectiveKind::AllReduce),
+                "{s}"
+            );
+        }
+        for s in ["alltoall", "all_to_all", "all-to-all", "AlltoAll"] {
+            assert_eq!(
+                CollectiveKind::parse(s),
+                Some(CollectiveKind::AllToAll),
+                "{s}"
+            );
+        }
+        assert_eq!(CollectiveKind::parse("allreduc"), None);
+        assert_eq!(CollectiveKind::parse(""), None);
+    }
+
+    #[test]
+    fn a_typo_suggests_the_nearest_name_and_nonsense_suggests_nothing() {
+        assert_eq!(
+            CollectiveKind::nearest("allreduc"),
+            Some(CollectiveKind::AllReduce)
+        );
+        assert_eq!(
+            CollectiveKind::nearest("all_gahter"),
+            Some(CollectiveKind::AllGather)
+        );
+        assert_eq!(
+            CollectiveKind::nearest("brodcast"),
+            Some(CollectiveKind::Broadcast)
+        );
+        assert_eq!(CollectiveKind::nearest("quantum_teleport"), None);
+    }
 }
