@@ -11,6 +11,7 @@ mod perf;
 mod pingpong;
 mod sim;
 mod switch;
+mod tools;
 mod transfer;
 
 use clap::{Parser, Subcommand};

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use monel_verbs::perf::{self, BwReport, Endpoint, LatReport, PerfOptions, Test};
+use crate::tools::perf::{self, BwReport, Endpoint, LatReport, PerfOptions, Test};
 
 use crate::connect::{self, ConnArgs, Session};
 use nix::sys::socket::{ControlMessage, MsgFlags, MultiHeaders, SockaddrStorage, sendmmsg};

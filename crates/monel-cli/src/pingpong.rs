@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use monel_verbs::pingpong::{self, Options, Role};
+use crate::tools::pingpong::{self, Options, Role};
 use monel_verbs::{Context, ContextConfig, Device, Mtu, devices};
 
 /// Arguments of `monel pingpong` (rc_pingpong's flags).

@@ -3,7 +3,7 @@
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use monel_verbs::transfer::{self, TransferOptions};
+use crate::tools::transfer::{self, TransferOptions};
 use monel_verbs::{AccessFlags, MemoryRegion};
 
 use crate::connect::{self, ConnArgs};

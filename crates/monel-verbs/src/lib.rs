@@ -23,11 +23,8 @@ mod idmap;
 mod mmsg;
 mod mr;
 mod netio;
-pub mod perf;
-pub mod pingpong;
 mod qp_kind;
 mod srq;
-pub mod transfer;
 mod tx;
 mod ud;
 

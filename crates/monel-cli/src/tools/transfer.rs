@@ -6,15 +6,15 @@
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use crate::cm::{BufferInfo, Connection};
-use crate::error::{ErrorKind, VerbsError};
-use crate::{CompletionQueue, MemoryRegion, QueuePair, RemoteAddr, SendFlags, SendOp, SendWr};
-use crate::{Result, WcStatus};
+use monel_verbs::cm::{BufferInfo, Connection};
+use monel_verbs::{ErrorKind, VerbsError};
+use monel_verbs::{CompletionQueue, MemoryRegion, QueuePair, RemoteAddr, SendFlags, SendOp, SendWr};
+use monel_verbs::{Result, WcStatus};
 
 const V: &str = "transfer";
 
 /// Fills `buf` with the pattern of `seed` (splitmix64 words, little-endian).
-pub fn fill_pattern(buf: &mut [u8], seed: u64) {
+pub(crate) fn fill_pattern(buf: &mut [u8], seed: u64) {
     let mut x = seed;
     let mut chunks = buf.chunks_exact_mut(8);
     for c in &mut chunks {
@@ -27,7 +27,7 @@ pub fn fill_pattern(buf: &mut [u8], seed: u64) {
 }
 
 /// The first offset where `buf` differs from the pattern of `seed`.
-pub fn first_mismatch(buf: &[u8], seed: u64) -> Option<usize> {
+pub(crate) fn first_mismatch(buf: &[u8], seed: u64) -> Option<usize> {
     let mut x = seed;
     for (i, c) in buf.chunks(8).enumerate() {
         let w = splitmix(&mut x).to_le_bytes();
@@ -47,7 +47,7 @@ fn splitmix(x: &mut u64) -> u64 {
 }
 
 /// CRC-32 (IEEE) of `buf`.
-pub fn checksum(buf: &[u8]) -> u32 {
+pub(crate) fn checksum(buf: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
     h.update(buf);
     h.finalize()
@@ -55,37 +55,37 @@ pub fn checksum(buf: &[u8]) -> u32 {
 
 /// What a transfer did.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TransferReport {
+pub(crate) struct TransferReport {
     /// Bytes written.
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     /// WRITE messages posted.
-    pub messages: u64,
+    pub(crate) messages: u64,
     /// From the first post to the last completion.
-    pub seconds: f64,
+    pub(crate) seconds: f64,
     /// CRC-32 of the data (both sides agreed on it).
-    pub crc: u32,
+    pub(crate) crc: u32,
     /// Lowest DCQCN rate seen while sending, in b/s (`None` without a rate controller).
-    pub min_rate_bps: Option<f64>,
+    pub(crate) min_rate_bps: Option<f64>,
 }
 
 impl TransferReport {
     /// Goodput in Gb/s (verified payload bytes over time).
-    pub fn gbps(&self) -> f64 {
+    pub(crate) fn gbps(&self) -> f64 {
         self.bytes as f64 * 8.0 / self.seconds / 1e9
     }
 }
 
 /// How to send.
 #[derive(Debug, Clone, Copy)]
-pub struct TransferOptions {
+pub(crate) struct TransferOptions {
     /// Bytes per WRITE.
-    pub chunk: usize,
+    pub(crate) chunk: usize,
     /// WRITEs in flight.
-    pub depth: u32,
+    pub(crate) depth: u32,
     /// Seed of the pattern (the server is told it, to name a wrong byte).
-    pub seed: u64,
+    pub(crate) seed: u64,
     /// Longest wait for any one completion.
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
 }
 
 impl Default for TransferOptions {
@@ -109,7 +109,7 @@ fn io(e: std::io::Error) -> VerbsError {
 
 /// Client: WRITEs all of `mr` (already filled by [`fill_pattern`] with `o.seed`) to `remote`,
 /// then has the server check it. Errors name a failed completion or the first wrong byte.
-pub fn write_client(
+pub(crate) fn write_client(
     qp: &QueuePair,
     cq: &CompletionQueue,
     mr: &MemoryRegion,
@@ -207,7 +207,7 @@ pub fn write_client(
 /// Server: waits for the client's CRC, checks its region `mr` (the one it offered) against
 /// it, and answers. Returns the CRC it computed; a mismatch is an error naming the first
 /// wrong byte.
-pub fn write_server(mr: &MemoryRegion, conn: &mut Connection) -> Result<u32> {
+pub(crate) fn write_server(mr: &MemoryRegion, conn: &mut Connection) -> Result<u32> {
     let mut m = [0u8; 20];
     conn.stream.read_exact(&mut m).map_err(io)?;
     let len = u64::from_be_bytes(m[..8].try_into().unwrap_or_default()) as usize;

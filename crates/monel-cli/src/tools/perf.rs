@@ -5,16 +5,16 @@
 
 use std::time::{Duration, Instant};
 
-use crate::cm::{BufferInfo, Connection};
-use crate::context::{ProtectionDomain, QueuePair};
-use crate::cq::CompletionQueue;
-use crate::error::{ErrorKind, Result, VerbsError};
-use crate::mr::MemoryRegion;
-use crate::{AccessFlags, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus};
+use monel_verbs::cm::{BufferInfo, Connection};
+use monel_verbs::{ProtectionDomain, QueuePair};
+use monel_verbs::CompletionQueue;
+use monel_verbs::{ErrorKind, Result, VerbsError};
+use monel_verbs::MemoryRegion;
+use monel_verbs::{AccessFlags, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus};
 
 /// The test to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Test {
+pub(crate) enum Test {
     /// RDMA WRITE bandwidth.
     WriteBw,
     /// SEND bandwidth.
@@ -33,7 +33,7 @@ pub enum Test {
 
 impl Test {
     /// Parses `write-bw`, `send-lat`, ...
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "write-bw" => Self::WriteBw,
             "send-bw" => Self::SendBw,
@@ -46,24 +46,24 @@ impl Test {
         })
     }
     /// True for the bandwidth tests.
-    pub fn is_bw(self) -> bool {
+    pub(crate) fn is_bw(self) -> bool {
         matches!(self, Self::WriteBw | Self::SendBw | Self::ReadBw)
     }
 }
 
 /// Options (perftest's flags).
 #[derive(Debug, Clone, Copy)]
-pub struct PerfOptions {
+pub(crate) struct PerfOptions {
     /// `-s`: message size.
-    pub size: usize,
+    pub(crate) size: usize,
     /// `-n`: iterations.
-    pub iters: u32,
+    pub(crate) iters: u32,
     /// `-D`: run for this long instead of `iters`.
-    pub duration: Option<Duration>,
+    pub(crate) duration: Option<Duration>,
     /// `-t`: send queue depth (bandwidth tests).
-    pub tx_depth: u32,
+    pub(crate) tx_depth: u32,
     /// Signal every this many sends (perftest `--cq-mod`, default 100).
-    pub cq_mod: u32,
+    pub(crate) cq_mod: u32,
 }
 
 impl Default for PerfOptions {
@@ -80,31 +80,31 @@ impl Default for PerfOptions {
 
 /// A bandwidth result.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct BwReport {
+pub(crate) struct BwReport {
     /// Message size.
-    pub size: usize,
+    pub(crate) size: usize,
     /// Messages completed.
-    pub iters: u64,
+    pub(crate) iters: u64,
     /// Seconds.
-    pub seconds: f64,
+    pub(crate) seconds: f64,
     /// Best rate over any tenth of the run, in MB/s (2^20 B/s).
-    pub peak_mbs: f64,
+    pub(crate) peak_mbs: f64,
 }
 
 impl BwReport {
     /// Average MB/s (2^20 B/s).
-    pub fn avg_mbs(&self) -> f64 {
+    pub(crate) fn avg_mbs(&self) -> f64 {
         self.size as f64 * self.iters as f64 / self.seconds / f64::from(1 << 20)
     }
     /// Gb/s (10^9 bit/s).
-    pub fn gbps(&self) -> f64 {
+    pub(crate) fn gbps(&self) -> f64 {
         self.size as f64 * self.iters as f64 * 8.0 / self.seconds / 1e9
     }
     /// perftest's header.
-    pub const HEADER: &str =
+    pub(crate) const HEADER: &str =
         " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]";
     /// One row.
-    pub fn row(&self) -> String {
+    pub(crate) fn row(&self) -> String {
         format!(
             " {:<10} {:<10}     {:<18.2} {:<20.2} {:.6}",
             self.size,
@@ -118,11 +118,11 @@ impl BwReport {
 
 /// A latency result (microseconds).
 #[derive(Debug, Clone, PartialEq)]
-pub struct LatReport {
+pub(crate) struct LatReport {
     /// Message size.
-    pub size: usize,
+    pub(crate) size: usize,
     /// Sorted samples, in microseconds.
-    pub samples: Vec<f64>,
+    pub(crate) samples: Vec<f64>,
 }
 
 impl LatReport {
@@ -134,16 +134,16 @@ impl LatReport {
         self.samples[((n as f64 * p).ceil() as usize).clamp(1, n) - 1]
     }
     /// Median.
-    pub fn typical(&self) -> f64 {
+    pub(crate) fn typical(&self) -> f64 {
         self.samples
             .get(self.samples.len() / 2)
             .copied()
             .unwrap_or(f64::NAN)
     }
     /// perftest's header.
-    pub const HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]";
+    pub(crate) const HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]";
     /// One row.
-    pub fn row(&self) -> String {
+    pub(crate) fn row(&self) -> String {
         let n = self.samples.len() as f64;
         let avg = self.samples.iter().sum::<f64>() / n;
         let sd = (self.samples.iter().map(|x| (x - avg).powi(2)).sum::<f64>() / n).sqrt();
@@ -164,20 +164,20 @@ impl LatReport {
 
 /// One side's resources for a test.
 #[derive(Debug)]
-pub struct Endpoint<'a> {
+pub(crate) struct Endpoint<'a> {
     /// The connected QP.
-    pub qp: &'a QueuePair,
+    pub(crate) qp: &'a QueuePair,
     /// Its CQ (send and receive).
-    pub cq: &'a CompletionQueue,
+    pub(crate) cq: &'a CompletionQueue,
     /// Its buffer (at least `size` bytes; registered with remote read/write/atomic).
-    pub mr: &'a MemoryRegion,
+    pub(crate) mr: &'a MemoryRegion,
     /// The peer's buffer.
-    pub remote: BufferInfo,
+    pub(crate) remote: BufferInfo,
 }
 
 /// Registers a perf buffer for messages of `size` bytes: twice that (at least 8 each), the
 /// first half the source of what this side sends, the second what the peer writes.
-pub fn buffer(pd: &ProtectionDomain, size: usize) -> Result<MemoryRegion> {
+pub(crate) fn buffer(pd: &ProtectionDomain, size: usize) -> Result<MemoryRegion> {
     pd.reg_mr(
         vec![0u8; 2 * size.max(8)],
         AccessFlags::LOCAL_WRITE
@@ -189,7 +189,7 @@ pub fn buffer(pd: &ProtectionDomain, size: usize) -> Result<MemoryRegion> {
 
 const V: &str = "perf";
 
-fn check(wc: &crate::WorkCompletion) -> Result<()> {
+fn check(wc: &monel_verbs::WorkCompletion) -> Result<()> {
     if wc.status == WcStatus::Success {
         Ok(())
     } else {
@@ -204,8 +204,8 @@ fn check(wc: &crate::WorkCompletion) -> Result<()> {
 fn wait(
     cq: &CompletionQueue,
     busy: bool,
-    got: &mut Vec<crate::WorkCompletion>,
-) -> Result<crate::WorkCompletion> {
+    got: &mut Vec<monel_verbs::WorkCompletion>,
+) -> Result<monel_verbs::WorkCompletion> {
     // A completion already queued is taken without a clock read or a wait.
     got.clear();
     let mut deadline = None;
@@ -259,7 +259,7 @@ fn post_op(e: &Endpoint<'_>, test: Test, size: usize, wr_id: u64, signaled: bool
 }
 
 /// Bandwidth, requester side: keeps `tx_depth` messages in flight.
-pub fn bw_client(e: &Endpoint<'_>, test: Test, o: &PerfOptions) -> Result<BwReport> {
+pub(crate) fn bw_client(e: &Endpoint<'_>, test: Test, o: &PerfOptions) -> Result<BwReport> {
     let start = Instant::now();
     let end_at = o.duration.map(|d| start + d);
     let total = if end_at.is_some() {
@@ -327,7 +327,7 @@ pub fn bw_client(e: &Endpoint<'_>, test: Test, o: &PerfOptions) -> Result<BwRepo
 
 /// Bandwidth, responder side: for SEND keeps receives posted until `n` messages arrived;
 /// for WRITE and READ there is nothing to do but wait for the barrier.
-pub fn bw_server(
+pub(crate) fn bw_server(
     e: &Endpoint<'_>,
     test: Test,
     o: &PerfOptions,
@@ -384,7 +384,7 @@ pub fn bw_server(
 }
 
 /// Tells a SEND-bandwidth server how many messages to expect (others: a barrier).
-pub fn bw_client_finish(test: Test, r: &BwReport, conn: &mut Connection) -> Result<()> {
+pub(crate) fn bw_client_finish(test: Test, r: &BwReport, conn: &mut Connection) -> Result<()> {
     if test == Test::SendBw {
         use std::io::Write;
         conn.stream
@@ -397,7 +397,7 @@ pub fn bw_client_finish(test: Test, r: &BwReport, conn: &mut Connection) -> Resu
 
 /// Latency. For SEND/WRITE both sides ping-pong (`initiator` sends first); for READ and
 /// atomics only the initiator works and the other side returns at once.
-pub fn lat(
+pub(crate) fn lat(
     e: &Endpoint<'_>,
     test: Test,
     o: &PerfOptions,
@@ -440,7 +440,7 @@ pub fn lat(
             let mut sent_done = 0;
             while recvs < n || sent_done < sends {
                 let wc = wait(e.cq, busy, &mut got)?;
-                if wc.opcode == crate::WcOpcode::Send {
+                if wc.opcode == monel_verbs::WcOpcode::Send {
                     sent_done += 1;
                     continue;
                 }

@@ -9,36 +9,36 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use crate::context::{ConnectParams, Context, QpCap, QpInitAttr, QpType, RemoteQp, random_psn};
-use crate::device::Gid;
-use crate::error::{ErrorKind, Result, VerbsError};
-use crate::{
+use monel_verbs::{ConnectParams, Context, QpCap, QpInitAttr, QpType, RemoteQp, random_psn};
+use monel_verbs::Gid;
+use monel_verbs::{ErrorKind, Result, VerbsError};
+use monel_verbs::{
     AccessFlags, AddressHandle, AhAttr, GRH_LEN, Mtu, Psn, QKey, Qpn, RecvWr, SendFlags, SendOp,
     SendWr, WcStatus,
 };
 
 /// rdma-core's default out-of-band port.
-pub const DEFAULT_PORT: u16 = 18515;
+pub(crate) const DEFAULT_PORT: u16 = 18515;
 /// Bytes of one exchange message, NUL included.
-pub const MSG_LEN: usize = 52;
+pub(crate) const MSG_LEN: usize = 52;
 const DONE: &[u8; 5] = b"done\0";
 
 /// What one side tells the other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Dest {
+pub(crate) struct Dest {
     /// LID (0 on RoCE).
-    pub lid: u16,
+    pub(crate) lid: u16,
     /// QP number.
-    pub qpn: Qpn,
+    pub(crate) qpn: Qpn,
     /// First PSN.
-    pub psn: Psn,
+    pub(crate) psn: Psn,
     /// GID.
-    pub gid: Gid,
+    pub(crate) gid: Gid,
 }
 
 impl Dest {
     /// The 52-byte message: `"%04x:%06x:%06x:%s\0"`.
-    pub fn encode(&self) -> [u8; MSG_LEN] {
+    pub(crate) fn encode(&self) -> [u8; MSG_LEN] {
         let s = format!(
             "{:04x}:{:06x}:{:06x}:{}",
             self.lid,
@@ -51,7 +51,7 @@ impl Dest {
         m
     }
     /// Parses a message as rdma-core's `sscanf("%x:%x:%x:%s")` would, strictly.
-    pub fn parse(m: &[u8]) -> Result<Self> {
+    pub(crate) fn parse(m: &[u8]) -> Result<Self> {
         let bad = |why: &str| {
             VerbsError::new(
                 "pingpong exchange",
@@ -87,25 +87,25 @@ impl Dest {
 
 /// Options, named after rc_pingpong's flags.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// `-p`: TCP port.
-    pub port: u16,
+    pub(crate) port: u16,
     /// `-s`: message size.
-    pub size: usize,
+    pub(crate) size: usize,
     /// `-m`: path MTU.
-    pub mtu: Mtu,
+    pub(crate) mtu: Mtu,
     /// `-r`: receives kept posted.
-    pub rx_depth: u32,
+    pub(crate) rx_depth: u32,
     /// `-n`: iterations.
-    pub iters: u32,
+    pub(crate) iters: u32,
     /// `-g`: local GID index.
-    pub gid_index: u8,
+    pub(crate) gid_index: u8,
     /// `-c`: check received data.
-    pub validate: bool,
+    pub(crate) validate: bool,
     /// Give up connecting, or waiting for a completion, after this long.
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// Unreliable datagrams, as `ibv_ud_pingpong` (messages of at most the port MTU).
-    pub ud: bool,
+    pub(crate) ud: bool,
 }
 
 impl Default for Options {
@@ -126,18 +126,18 @@ impl Default for Options {
 
 /// What a run measured.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Report {
+pub(crate) struct Report {
     /// Bytes moved both ways (size x iters x 2, as rc_pingpong counts).
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     /// Seconds from the first post to the last completion.
-    pub seconds: f64,
+    pub(crate) seconds: f64,
     /// Iterations.
-    pub iters: u32,
+    pub(crate) iters: u32,
 }
 
 impl Report {
     /// rc_pingpong's two lines.
-    pub fn lines(&self) -> String {
+    pub(crate) fn lines(&self) -> String {
         format!(
             "{} bytes in {:.2} seconds = {:.2} Mbit/sec\n{} iters in {:.2} seconds = {:.2} usec/iter",
             self.bytes,
@@ -152,7 +152,7 @@ impl Report {
 
 /// Where to meet the peer.
 #[derive(Debug, Clone)]
-pub enum Role {
+pub(crate) enum Role {
     /// Listen on the port (all addresses of the family of `bind`).
     Server {
         /// Address to listen on.
@@ -177,11 +177,11 @@ fn read_exact_once(s: &mut TcpStream, n: usize) -> Result<Vec<u8>> {
 
 const SEND_ID: u64 = 2;
 /// The Q_Key `ibv_ud_pingpong` uses.
-pub const UD_QKEY: QKey = QKey(0x1111_1111);
+pub(crate) const UD_QKEY: QKey = QKey(0x1111_1111);
 const RECV_ID: u64 = 1;
 
 /// Runs one rc_pingpong side on `ctx`.
-pub fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
+pub(crate) fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
     const V: &str = "pingpong";
     if o.size == 0 || o.iters == 0 || o.rx_depth == 0 {
         return Err(VerbsError::invalid(

@@ -1,0 +1,6 @@
+//! The perftest-style tools behind `monel perf`, `monel pingpong` and `monel transfer`, over
+//! the verbs API: what rdma-core's `ibv_rc_pingpong` and perftest's `ib_*` programs do.
+
+pub(crate) mod perf;
+pub(crate) mod pingpong;
+pub(crate) mod transfer;
