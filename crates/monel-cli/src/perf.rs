@@ -6,9 +6,9 @@ use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+use crate::tools::perf::{self, BwReport, Endpoint, LatReport, PerfOptions, Test};
 use anyhow::{Context as _, bail};
 use clap::Args;
-use crate::tools::perf::{self, BwReport, Endpoint, LatReport, PerfOptions, Test};
 
 use crate::connect::{self, ConnArgs, Session};
 use nix::sys::socket::{ControlMessage, MsgFlags, MultiHeaders, SockaddrStorage, sendmmsg};

@@ -3,9 +3,9 @@
 use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
 use std::time::Duration;
 
+use crate::tools::pingpong::{self, Options, Role};
 use anyhow::{Context as _, bail};
 use clap::Args;
-use crate::tools::pingpong::{self, Options, Role};
 use monel_verbs::{Context, ContextConfig, Device, Mtu, devices};
 
 /// Arguments of `monel pingpong` (rc_pingpong's flags).

@@ -1,9 +1,9 @@
 //! `monel transfer [SERVER] -s SIZE`: one verified bulk RDMA WRITE (see
 //! `monel_verbs::transfer`), with goodput, the QP's recovery counters and DCQCN's reaction.
 
+use crate::tools::transfer::{self, TransferOptions};
 use anyhow::{Context as _, bail};
 use clap::Args;
-use crate::tools::transfer::{self, TransferOptions};
 use monel_verbs::{AccessFlags, MemoryRegion};
 
 use crate::connect::{self, ConnArgs};

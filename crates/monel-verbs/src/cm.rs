@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::context::{ConnectParams, QueuePair, RemoteQp, random_psn};
 use crate::device::Gid;
 use crate::error::{ErrorKind, Result, VerbsError};
+use crate::qp::{ConnectParams, QueuePair, RemoteQp, random_psn};
 use crate::{Mtu, Psn, Qpn, RKey};
 
 const V: &str = "monel_cm";

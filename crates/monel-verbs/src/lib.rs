@@ -7,35 +7,40 @@
 //!                     \--create_cq--> CompletionQueue
 //! ```
 //! Control-path calls return [`Result`]s whose errors name the verb and the bad attribute;
-//! data-path outcomes are [`WorkCompletion`]s with `ibv_wc_status` semantics. Each
-//! [`Context`] runs a progress thread (the "NIC") that moves packets between its UDP sockets
-//! and the sans-IO RC engine of `monel-rc`.
+//! data-path outcomes are [`WorkCompletion`]s with `ibv_wc_status` semantics.
+//!
+//! The API objects, one per file (`context`, `pd`, `qp`, `cq`, `srq`, `mr`, `ah`), sit on a
+//! provider boundary (`provider`: one trait per object, as rdma-core's provider ops). The
+//! provider today is the soft RNIC (`soft/`): each [`Context`] runs a progress thread (the
+//! "NIC") that moves packets between its UDP sockets and the sans-IO RC engine of
+//! `monel-rc`.
 
+mod ah;
 pub mod cm;
+mod config;
 mod context;
 mod counters;
 mod cq;
 pub mod device;
-mod engine;
 mod error;
-mod gso;
-mod idmap;
-mod mmsg;
+mod event;
+pub mod limits;
 mod mr;
-mod netio;
-mod qp_kind;
+mod pd;
+mod provider;
+mod providers;
+mod qp;
+mod soft;
 mod srq;
-mod tx;
-mod ud;
 
-pub use context::{
-    AsyncEvent, ConnectParams, Context, ContextConfig, ProtectionDomain, QpCap, QpInitAttr, QpType,
-    QueuePair, RemoteQp, limits, random_psn,
-};
+pub use ah::{AddressHandle, AhAttr};
+pub use config::ContextConfig;
+pub use context::Context;
 pub use counters::DeviceCounters;
 pub use cq::CompletionQueue;
 pub use device::{Device, Gid, GidEntry, PortAttr, PortState, devices};
 pub use error::{ErrorKind, Result, VerbsError};
+pub use event::AsyncEvent;
 pub use monel_rc::{
     AccessFlags, AddressVector, AttrMask, GRH_LEN, Mtu, QpAttr, QpState, QpStats, RecvWr,
     RemoteAddr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
@@ -43,5 +48,6 @@ pub use monel_rc::{
 pub use monel_wire::QKey;
 pub use monel_wire::{LKey, Psn, Qpn, RKey};
 pub use mr::MemoryRegion;
+pub use pd::ProtectionDomain;
+pub use qp::{ConnectParams, QpCap, QpInitAttr, QpType, QueuePair, RemoteQp, random_psn};
 pub use srq::{SharedReceiveQueue, SrqAttr};
-pub use ud::{AddressHandle, AhAttr};

@@ -5,12 +5,12 @@
 
 use std::time::{Duration, Instant};
 
-use monel_verbs::cm::{BufferInfo, Connection};
-use monel_verbs::{ProtectionDomain, QueuePair};
 use monel_verbs::CompletionQueue;
-use monel_verbs::{ErrorKind, Result, VerbsError};
 use monel_verbs::MemoryRegion;
+use monel_verbs::cm::{BufferInfo, Connection};
 use monel_verbs::{AccessFlags, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus};
+use monel_verbs::{ErrorKind, Result, VerbsError};
+use monel_verbs::{ProtectionDomain, QueuePair};
 
 /// The test to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,13 +9,13 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use monel_verbs::{ConnectParams, Context, QpCap, QpInitAttr, QpType, RemoteQp, random_psn};
 use monel_verbs::Gid;
-use monel_verbs::{ErrorKind, Result, VerbsError};
 use monel_verbs::{
     AccessFlags, AddressHandle, AhAttr, GRH_LEN, Mtu, Psn, QKey, Qpn, RecvWr, SendFlags, SendOp,
     SendWr, WcStatus,
 };
+use monel_verbs::{ConnectParams, Context, QpCap, QpInitAttr, QpType, RemoteQp, random_psn};
+use monel_verbs::{ErrorKind, Result, VerbsError};
 
 /// rdma-core's default out-of-band port.
 pub(crate) const DEFAULT_PORT: u16 = 18515;

@@ -7,8 +7,10 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use monel_verbs::cm::{BufferInfo, Connection};
+use monel_verbs::{
+    CompletionQueue, MemoryRegion, QueuePair, RemoteAddr, SendFlags, SendOp, SendWr,
+};
 use monel_verbs::{ErrorKind, VerbsError};
-use monel_verbs::{CompletionQueue, MemoryRegion, QueuePair, RemoteAddr, SendFlags, SendOp, SendWr};
 use monel_verbs::{Result, WcStatus};
 
 const V: &str = "transfer";

@@ -12,10 +12,10 @@ use std::sync::atomic::Ordering;
 use monel_wire::icrc::IcrcStream;
 use monel_wire::{FrameRepr, ICRC_LEN, IpAddress, RocePacket};
 
-use crate::gso::{self, Message};
-use crate::mmsg::{SendHeaders, Src};
-use crate::mr::{Lent, MrShared, MrView};
-use crate::netio::{MAX_DATAGRAM, Sock, Sockets};
+use super::gso::{self, Message};
+use super::mmsg::{SendHeaders, Src};
+use super::mr::{Lent, MrShared, MrView};
+use super::netio::{MAX_DATAGRAM, Sock, Sockets};
 
 /// A packet queued for sending: the RoCE packet sits at `TX_HEADROOM..TX_HEADROOM + len` of
 /// its buffer, except for payload ranges lent from registered memory (`lent` indexes the
@@ -117,7 +117,7 @@ impl TxBatch {
         &mut self.bufs[i]
     }
     /// The next free buffer, and where the engine notes payload ranges it lends to the
-    /// packet it writes there instead of copying them (see [`crate::mr::PdMemory`]).
+    /// packet it writes there instead of copying them (see [`super::mr::PdMemory`]).
     pub(crate) fn next_buf_lending(&mut self) -> (&mut [u8], &RefCell<Vec<Lent>>) {
         self.pending.get_mut().clear();
         let i = self.items.len();

@@ -17,12 +17,12 @@ use monel_wire::{FrameRepr, ICRC_LEN, IpAddress, RocePacket};
 use nix::poll::{PollFd, PollFlags, ppoll};
 use nix::sys::time::TimeSpec;
 
-use crate::context::{Core, DevShared, device_event};
-use crate::cq::CqShared;
-use crate::mr::PdMemory;
-use crate::netio::{MAX_DATAGRAM, RxBatch, RxMeta};
-use crate::qp_kind::QpKind;
-use crate::tx::{TX_HEADROOM, TxBatch};
+use super::cq::CqShared;
+use super::mr::PdMemory;
+use super::netio::{MAX_DATAGRAM, RxBatch, RxMeta};
+use super::qp_kind::QpKind;
+use super::shared::{Core, DevShared, device_event};
+use super::tx::{TX_HEADROOM, TxBatch};
 
 /// Checks the ICRC of a datagram received on a UDP socket. IPv6: every covered field is known.
 /// IPv4: the IP ID is not visible, so the check first assumes the ID the datagram most likely
@@ -419,7 +419,7 @@ pub(crate) fn wait_cq(shared: &DevShared, cq: &CqShared, deadline: std::time::In
 #[allow(clippy::too_many_arguments)]
 fn deliver(
     core: &mut Core,
-    mrs: &mut crate::mr::MrTable,
+    mrs: &mut super::mr::MrTable,
     icrc: &mut IcrcChecker,
     sock_index: usize,
     local: SocketAddr,
@@ -585,11 +585,8 @@ fn service(shared: &DevShared, tx: &mut TxBatch, scope: Scope) -> Option<Instant
     core.scratch = list;
     core.events.extend(out.events);
     out.overflowed.dedup();
-    core.events.extend(
-        out.overflowed
-            .into_iter()
-            .map(crate::context::AsyncEvent::CqError),
-    );
+    core.events
+        .extend(out.overflowed.into_iter().map(crate::AsyncEvent::CqError));
     let ring = scope != Scope::All && next.is_some_and(|d| engine_late(core, d));
     drop(guard);
     if ring {
@@ -602,7 +599,7 @@ fn service(shared: &DevShared, tx: &mut TxBatch, scope: Scope) -> Option<Instant
 fn transmit_datagrams(
     shared: &DevShared,
     tx: &mut TxBatch,
-    mrs: &mut crate::mr::MrTable,
+    mrs: &mut super::mr::MrTable,
     counters: &mut crate::DeviceCounters,
     (qpn, pd): (u32, u32),
     ud: &mut monel_rc::UdQp,
@@ -674,7 +671,7 @@ fn queue_packet(
 #[derive(Default)]
 struct Outputs {
     overflowed: Vec<u32>,
-    events: Vec<crate::context::AsyncEvent>,
+    events: Vec<crate::AsyncEvent>,
 }
 
 /// One QP's timers, transmissions and completions. Returns its next deadline.
@@ -682,11 +679,11 @@ struct Outputs {
 fn service_slot(
     shared: &DevShared,
     tx: &mut TxBatch,
-    mrs: &mut crate::mr::MrTable,
+    mrs: &mut super::mr::MrTable,
     counters: &mut crate::DeviceCounters,
     out: &mut Outputs,
     qpn: u32,
-    slot: &mut crate::context::QpSlot,
+    slot: &mut super::shared::QpSlot,
     t: Instant,
     transmit: bool,
 ) -> Option<Instant> {

@@ -8,10 +8,10 @@ use std::sync::atomic::AtomicBool;
 
 use nix::sys::socket::{setsockopt, sockopt};
 
-use crate::context::ContextConfig;
+use super::mmsg::RecvHeaders;
+use crate::config::ContextConfig;
 use crate::device::{Device, is_link_local};
 use crate::error::{Result, VerbsError};
-use crate::mmsg::RecvHeaders;
 
 /// Largest datagram accepted: 4096-byte MTU plus every header, with room to spare, so an
 /// oversized packet is seen whole and dropped rather than truncated into something valid.
