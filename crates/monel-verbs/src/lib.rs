@@ -16,6 +16,7 @@
 //! `monel-rc`.
 
 mod ah;
+mod attr;
 pub mod cm;
 mod config;
 mod context;
@@ -33,7 +34,8 @@ mod qp;
 mod soft;
 mod srq;
 
-pub use ah::{AddressHandle, AhAttr};
+pub use ah::AddressHandle;
+pub use attr::{AhAttr, QpCap, QpType, SrqAttr};
 pub use config::ContextConfig;
 pub use context::Context;
 pub use counters::DeviceCounters;
@@ -49,5 +51,5 @@ pub use monel_wire::QKey;
 pub use monel_wire::{LKey, Psn, Qpn, RKey};
 pub use mr::MemoryRegion;
 pub use pd::ProtectionDomain;
-pub use qp::{ConnectParams, QpCap, QpInitAttr, QpType, QueuePair, RemoteQp, random_psn};
-pub use srq::{SharedReceiveQueue, SrqAttr};
+pub use qp::{ConnectParams, QpInitAttr, QueuePair, RemoteQp, random_psn};
+pub use srq::SharedReceiveQueue;

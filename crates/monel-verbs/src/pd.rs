@@ -5,12 +5,13 @@ use std::sync::Arc;
 
 use monel_rc::AccessFlags;
 
-use crate::ah::{AddressHandle, AhAttr};
+use crate::ah::AddressHandle;
+use crate::attr::{AhAttr, SrqAttr};
 use crate::error::{Result, VerbsError};
 use crate::mr::MemoryRegion;
-use crate::provider::PdOps;
+use crate::provider::{PdOps, QpInit};
 use crate::qp::{QpInitAttr, QueuePair};
-use crate::srq::{SharedReceiveQueue, SrqAttr};
+use crate::srq::SharedReceiveQueue;
 
 /// A protection domain (`ibv_pd`).
 #[derive(Debug, Clone)]
@@ -74,8 +75,16 @@ impl ProtectionDomain {
 
     /// Creates a queue pair in RESET (`ibv_create_qp`).
     pub fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<QueuePair> {
+        let init = QpInit {
+            send_cq: init.send_cq.ops.as_ref(),
+            recv_cq: init.recv_cq.ops.as_ref(),
+            srq: init.srq.map(|s| s.ops.as_ref()),
+            cap: init.cap,
+            qp_type: init.qp_type,
+            sq_sig_all: init.sq_sig_all,
+        };
         Ok(QueuePair {
-            ops: self.ops.create_qp(init)?,
+            ops: self.ops.create_qp(&init)?,
         })
     }
 

@@ -26,14 +26,12 @@ use monel_rc::{
 use monel_wire::{LKey, QKey, Qpn, RKey};
 
 use crate::WorkCompletion;
-use crate::ah::{AddressHandle, AhAttr};
+use crate::attr::{AhAttr, QpCap, QpType, SrqAttr};
 use crate::config::ContextConfig;
 use crate::counters::DeviceCounters;
 use crate::device::{Device, Gid};
 use crate::error::Result;
 use crate::event::AsyncEvent;
-use crate::qp::{QpCap, QpInitAttr};
-use crate::srq::SrqAttr;
 
 /// An open device (`ibv_context`).
 pub(crate) trait ContextOps: Send + Sync + Debug {
@@ -62,9 +60,20 @@ pub(crate) trait PdOps: Send + Sync + Debug {
         len: usize,
         access: AccessFlags,
     ) -> Result<Box<dyn MrOps>>;
-    fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<Box<dyn QpOps>>;
+    fn create_qp(&self, init: &QpInit<'_>) -> Result<Box<dyn QpOps>>;
     fn create_srq(&self, attr: &SrqAttr) -> Result<Box<dyn SrqOps>>;
     fn create_ah(&self, attr: &AhAttr) -> Result<Arc<dyn AhOps>>;
+}
+
+/// What a provider's `create_qp` gets: [`crate::QpInitAttr`] with the provider objects.
+#[derive(Debug)]
+pub(crate) struct QpInit<'a> {
+    pub(crate) send_cq: &'a dyn CqOps,
+    pub(crate) recv_cq: &'a dyn CqOps,
+    pub(crate) srq: Option<&'a dyn SrqOps>,
+    pub(crate) cap: QpCap,
+    pub(crate) qp_type: QpType,
+    pub(crate) sq_sig_all: bool,
 }
 
 /// A queue pair (`ibv_qp`).
@@ -86,7 +95,7 @@ pub(crate) trait QpOps: Send + Sync + Debug {
     fn post_send_ud(
         &self,
         wr: SendWr,
-        ah: &AddressHandle,
+        ah: &dyn AhOps,
         remote_qpn: Qpn,
         remote_qkey: QKey,
     ) -> Result<()>;

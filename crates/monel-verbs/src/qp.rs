@@ -7,48 +7,12 @@ use monel_rc::{
 use monel_wire::{Psn, QKey, Qpn};
 
 use crate::ah::AddressHandle;
+use crate::attr::{QpCap, QpType};
 use crate::cq::CompletionQueue;
 use crate::device::{Device, Gid};
 use crate::error::Result;
 use crate::provider::QpOps;
 use crate::srq::SharedReceiveQueue;
-
-/// Queue pair transport (`ibv_qp_type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QpType {
-    /// Reliable connection.
-    Rc,
-    /// Unreliable datagram: one-packet SENDs to any QP with the Q_Key, each with its own
-    /// address handle ([`QueuePair::post_send_ud`]).
-    Ud,
-}
-
-/// Queue sizes (`ibv_qp_cap`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QpCap {
-    /// Send queue depth.
-    pub max_send_wr: u32,
-    /// Receive queue depth.
-    pub max_recv_wr: u32,
-    /// SGEs per send.
-    pub max_send_sge: u32,
-    /// SGEs per receive.
-    pub max_recv_sge: u32,
-    /// Inline bytes per send.
-    pub max_inline_data: u32,
-}
-
-impl Default for QpCap {
-    fn default() -> Self {
-        Self {
-            max_send_wr: 128,
-            max_recv_wr: 512,
-            max_send_sge: 4,
-            max_recv_sge: 4,
-            max_inline_data: 256,
-        }
-    }
-}
 
 /// What `create_qp` needs (`ibv_qp_init_attr`).
 #[derive(Debug, Clone)]
@@ -284,7 +248,8 @@ impl QueuePair {
         remote_qpn: Qpn,
         remote_qkey: QKey,
     ) -> Result<()> {
-        self.ops.post_send_ud(wr, ah, remote_qpn, remote_qkey)
+        self.ops
+            .post_send_ud(wr, ah.ops.as_ref(), remote_qpn, remote_qkey)
     }
 
     /// Posts a receive work request (`ibv_post_recv`).

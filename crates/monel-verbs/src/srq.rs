@@ -3,30 +3,9 @@
 
 use monel_rc::RecvWr;
 
+use crate::attr::SrqAttr;
 use crate::error::Result;
 use crate::provider::SrqOps;
-
-/// Sizes of a shared receive queue (`ibv_srq_init_attr.attr`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SrqAttr {
-    /// Most receive WQEs queued.
-    pub max_wr: u32,
-    /// SGEs per WQE.
-    pub max_sge: u32,
-    /// Limit: when fewer WQEs than this remain, [`crate::AsyncEvent::SrqLimitReached`] is
-    /// raised once and the limit disarmed (0: disarmed).
-    pub srq_limit: u32,
-}
-
-impl Default for SrqAttr {
-    fn default() -> Self {
-        Self {
-            max_wr: 1024,
-            max_sge: 4,
-            srq_limit: 0,
-        }
-    }
-}
 
 /// A shared receive queue (`ibv_srq`). Attach QPs through [`crate::QpInitAttr::srq`];
 /// their own `post_recv` is then refused. Dropping it destroys it (`ibv_destroy_srq`); while

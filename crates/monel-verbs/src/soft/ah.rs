@@ -4,7 +4,6 @@ use std::any::Any;
 
 use monel_rc::AddressVector;
 
-use crate::ah::AddressHandle;
 use crate::device::Gid;
 use crate::error::{Result, VerbsError};
 use crate::provider::AhOps;
@@ -18,8 +17,8 @@ pub(crate) struct SoftAh {
 
 impl SoftAh {
     /// The soft RNIC's handle behind `ah`; an error if another provider made it.
-    pub(crate) fn of(ah: &AddressHandle) -> Result<&Self> {
-        ah.ops.as_any().downcast_ref().ok_or_else(|| {
+    pub(crate) fn of(ah: &dyn AhOps) -> Result<&Self> {
+        ah.as_any().downcast_ref().ok_or_else(|| {
             VerbsError::invalid("ibv_post_send", "wr.ud.ah belongs to another device")
         })
     }

@@ -17,10 +17,10 @@ use monel_wire::{FrameRepr, ICRC_LEN, IpAddress, RocePacket};
 use nix::poll::{PollFd, PollFlags, ppoll};
 use nix::sys::time::TimeSpec;
 
-use super::cq::CqShared;
 use super::mr::PdMemory;
 use super::netio::{MAX_DATAGRAM, RxBatch, RxMeta};
 use super::qp_kind::QpKind;
+use super::queues::CqShared;
 use super::shared::{Core, DevShared, device_event};
 use super::tx::{TX_HEADROOM, TxBatch};
 

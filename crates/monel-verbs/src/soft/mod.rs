@@ -25,6 +25,7 @@ mod netio;
 mod pd;
 mod qp;
 mod qp_kind;
+mod queues;
 mod shared;
 mod srq;
 mod tx;
@@ -36,10 +37,11 @@ use std::thread::JoinHandle;
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
-use self::cq::{CqShared, SoftCq};
+use self::cq::SoftCq;
 use self::mr::MrTable;
 use self::netio::Sockets;
 use self::pd::SoftPd;
+use self::queues::CqShared;
 use self::shared::{Core, DevShared};
 use crate::config::ContextConfig;
 use crate::counters::DeviceCounters;
@@ -108,11 +110,10 @@ impl ContextOps for SoftContext {
 
     fn create_cq(&self, cqe: usize) -> Result<Arc<dyn CqOps>> {
         let id = self.shared.core().fresh_id();
-        Ok(Arc::new(SoftCq(Arc::new(CqShared::new(
-            id,
-            cqe,
-            Arc::downgrade(&self.shared),
-        )?))))
+        Ok(Arc::new(SoftCq {
+            cq: Arc::new(CqShared::new(id, cqe)?),
+            dev: Arc::downgrade(&self.shared),
+        }))
     }
 
     fn poll_async_event(&self) -> Option<AsyncEvent> {

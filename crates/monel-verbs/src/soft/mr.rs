@@ -237,34 +237,16 @@ impl PdMemory<'_> {
 }
 
 impl MemoryAccess for PdMemory<'_> {
-    fn check(
-        &self,
-        key: Key,
-        addr: u64,
-        len: u64,
-        access: Access,
-    ) -> Result<(), MemError> {
+    fn check(&self, key: Key, addr: u64, len: u64, access: Access) -> Result<(), MemError> {
         self.find(key, addr, len, access).map(|_| ())
     }
-    fn read(
-        &self,
-        key: Key,
-        addr: u64,
-        out: &mut [u8],
-        access: Access,
-    ) -> Result<(), MemError> {
+    fn read(&self, key: Key, addr: u64, out: &mut [u8], access: Access) -> Result<(), MemError> {
         let mr = self.find(key, addr, out.len() as u64, access)?;
         let off = (addr - mr.addr) as usize;
         mr.with(|b| out.copy_from_slice(&b[off..off + out.len()]));
         Ok(())
     }
-    fn lend(
-        &self,
-        key: Key,
-        addr: u64,
-        len: usize,
-        at: usize,
-    ) -> Result<bool, MemError> {
+    fn lend(&self, key: Key, addr: u64, len: usize, at: usize) -> Result<bool, MemError> {
         let Some(lends) = self.lends.filter(|_| len >= LEND_MIN) else {
             return Ok(false);
         };
@@ -277,24 +259,13 @@ impl MemoryAccess for PdMemory<'_> {
         });
         Ok(true)
     }
-    fn write(
-        &mut self,
-        key: Key,
-        addr: u64,
-        data: &[u8],
-        access: Access,
-    ) -> Result<(), MemError> {
+    fn write(&mut self, key: Key, addr: u64, data: &[u8], access: Access) -> Result<(), MemError> {
         let mr = self.find(key, addr, data.len() as u64, access)?;
         let off = (addr - mr.addr) as usize;
         mr.with(|b| b[off..off + data.len()].copy_from_slice(data));
         Ok(())
     }
-    fn atomic(
-        &mut self,
-        rkey: RKey,
-        addr: u64,
-        op: AtomicOp,
-    ) -> Result<u64, MemError> {
+    fn atomic(&mut self, rkey: RKey, addr: u64, op: AtomicOp) -> Result<u64, MemError> {
         let mr = self.find(Key::Remote(rkey), addr, 8, Access::RemoteAtomic)?;
         let off = (addr - mr.addr) as usize;
         Ok(mr.with(|b| op.apply(&mut b[off..off + 8])))

@@ -12,14 +12,13 @@ use super::cq::SoftCq;
 use super::mr::{Backing, MrShared, SoftMr, random_key};
 use super::qp::SoftQp;
 use super::qp_kind::QpKind;
+use super::queues::SrqState;
 use super::shared::{DevShared, QpSlot};
-use super::srq::{SoftSrq, SrqState};
-use crate::ah::AhAttr;
+use super::srq::SoftSrq;
+use crate::attr::{AhAttr, QpType, SrqAttr};
 use crate::error::{ErrorKind, Result, VerbsError};
 use crate::limits;
-use crate::provider::{AhOps, MrOps, PdOps, QpOps, SrqOps};
-use crate::qp::{QpInitAttr, QpType};
-use crate::srq::SrqAttr;
+use crate::provider::{AhOps, MrOps, PdOps, QpInit, QpOps, SrqOps};
 
 /// A protection domain of the soft RNIC.
 #[derive(Debug)]
@@ -99,7 +98,7 @@ impl PdOps for SoftPd {
     }
 
     /// Creates a queue pair in RESET (`ibv_create_qp`).
-    fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<Box<dyn QpOps>> {
+    fn create_qp(&self, init: &QpInit<'_>) -> Result<Box<dyn QpOps>> {
         const V: &str = "ibv_create_qp";
         let c = init.cap;
         for (name, v, max) in [

@@ -12,13 +12,12 @@ use monel_wire::{QKey, Qpn};
 
 use super::ah::SoftAh;
 use super::engine;
+use super::queues::SrqState;
 use super::shared::{DevShared, QpSlot};
-use super::srq::SrqState;
-use crate::ah::AddressHandle;
+use crate::attr::QpCap;
 use crate::device::Device;
 use crate::error::{ErrorKind, Result, VerbsError};
-use crate::provider::QpOps;
-use crate::qp::QpCap;
+use crate::provider::{AhOps, QpOps};
 
 /// A queue pair of the soft RNIC: a handle on its slot in the device.
 #[derive(Debug)]
@@ -208,7 +207,7 @@ impl QpOps for SoftQp {
     fn post_send_ud(
         &self,
         mut wr: SendWr,
-        ah: &AddressHandle,
+        ah: &dyn AhOps,
         remote_qpn: Qpn,
         remote_qkey: QKey,
     ) -> Result<()> {

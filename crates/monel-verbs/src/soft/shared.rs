@@ -9,12 +9,12 @@ use monel_rc::{AddressVector, QpEvent, QpStats};
 use monel_wire::Qpn;
 use nix::sys::eventfd::EventFd;
 
-use super::cq::CqShared;
 use super::idmap::IdMap;
 use super::mr::{MrShared, MrTable};
 use super::netio::Sockets;
 use super::qp_kind::QpKind;
-use super::srq::SrqState;
+use super::queues::CqShared;
+use super::queues::SrqState;
 use crate::config::ContextConfig;
 use crate::counters::DeviceCounters;
 use crate::device::{Device, Gid, is_link_local};

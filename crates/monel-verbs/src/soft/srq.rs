@@ -2,46 +2,15 @@
 //! engine takes a WQE exactly when an in-sequence SEND or WRITE with immediate needs one.
 
 use std::any::Any;
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use monel_rc::RecvWr;
 
+use super::queues::SrqState;
 use super::shared::DevShared;
+use crate::attr::SrqAttr;
 use crate::error::{ErrorKind, Result, VerbsError};
-use crate::event::AsyncEvent;
 use crate::provider::SrqOps;
-use crate::srq::{SharedReceiveQueue, SrqAttr};
-
-/// The device's copy of an SRQ.
-#[derive(Debug)]
-pub(crate) struct SrqState {
-    pub(crate) attr: SrqAttr,
-    pub(crate) queue: VecDeque<RecvWr>,
-    /// QPs attached; the SRQ is removed with its handle only when none is left.
-    pub(crate) users: usize,
-    /// The handle was dropped while QPs still used it.
-    pub(crate) orphaned: bool,
-}
-
-impl SrqState {
-    /// Takes the next WQE; raises the limit event into `events` when it falls below.
-    pub(crate) fn take(&mut self, id: u32, events: &mut VecDeque<AsyncEvent>) -> Option<RecvWr> {
-        let wr = self.queue.pop_front()?;
-        let limit = self.attr.srq_limit;
-        if limit > 0 && (self.queue.len() as u32) < limit {
-            self.attr.srq_limit = 0;
-            events.push_back(AsyncEvent::SrqLimitReached(id));
-        }
-        Some(wr)
-    }
-
-    /// A QP detached; true if the SRQ should now go.
-    pub(crate) fn detach(&mut self) -> bool {
-        self.users -= 1;
-        self.users == 0 && self.orphaned
-    }
-}
 
 /// A shared receive queue of the soft RNIC: a handle on the device's copy.
 #[derive(Debug)]
@@ -53,8 +22,8 @@ pub(crate) struct SoftSrq {
 
 impl SoftSrq {
     /// The soft RNIC's SRQ behind `srq`; an error if another provider made it.
-    pub(crate) fn of(srq: &SharedReceiveQueue) -> Result<&Self> {
-        srq.ops.as_any().downcast_ref().ok_or_else(|| {
+    pub(crate) fn of(srq: &dyn SrqOps) -> Result<&Self> {
+        srq.as_any().downcast_ref().ok_or_else(|| {
             VerbsError::invalid(
                 "ibv_create_qp",
                 "init_attr.srq belongs to another protection domain or device",
