@@ -8,7 +8,7 @@
 //!  exec: runs the steps          local copy/reduce (buffers, reduce), then sends/receives
 //!     |                          framed with the collective's signature (mismatch detection)
 //!     v
-//!  links to peers (link, tcp)    byte streams; a status endpoint names missing ranks on timeout
+//!  transport: links to peers     shared memory, RDMA or TCP, chosen per pair (frame: headers)
 //! ```
 //!
 //! The schedules themselves are plain data in `monel-sched`, which also runs them in memory.
@@ -18,9 +18,8 @@ pub mod comm;
 mod cpus;
 pub mod error;
 mod exec;
-pub mod link;
-pub mod rdma;
-pub mod shm;
+mod frame;
+pub mod transport;
 pub mod window;
 
 pub use bootstrap::UniqueId;

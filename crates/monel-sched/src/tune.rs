@@ -5,6 +5,34 @@
 
 use crate::plan::{Algorithm, Collective};
 
+/// The transports a link can run on, each priced by the cost model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransportKind {
+    /// Shared-memory rings between processes on one host.
+    Shm,
+    /// RDMA (RoCEv2) through the verbs API.
+    Roce,
+    /// A TCP connection.
+    Tcp,
+}
+
+impl TransportKind {
+    /// The name the logs print (`SHM`, `RoCE`, `TCP`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Shm => "SHM",
+            Self::Roce => "RoCE",
+            Self::Tcp => "TCP",
+        }
+    }
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// A transport's latency per message and bandwidth per link.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Costs {
@@ -34,12 +62,12 @@ impl Costs {
         beta: 1e9,
     };
 
-    /// A transport's costs by its link kind (`SHM`, `RoCE`, `TCP`).
-    pub fn of_kind(kind: &str) -> Self {
+    /// A transport's costs.
+    pub const fn of_kind(kind: TransportKind) -> Self {
         match kind {
-            "SHM" => Self::SHM,
-            "RoCE" => Self::ROCE,
-            _ => Self::TCP,
+            TransportKind::Shm => Self::SHM,
+            TransportKind::Roce => Self::ROCE,
+            TransportKind::Tcp => Self::TCP,
         }
     }
 
@@ -47,7 +75,7 @@ impl Costs {
     /// slowest bandwidth among them; shared memory alone when there are none), on a host
     /// where `oversubscribed` ranks share cores: each step then waits for a time slice, and
     /// the cores' bandwidth is split.
-    pub fn of<'a>(kinds: impl IntoIterator<Item = &'a str>, oversubscription: f64) -> Self {
+    pub fn of(kinds: impl IntoIterator<Item = TransportKind>, oversubscription: f64) -> Self {
         let base = kinds
             .into_iter()
             .map(Self::of_kind)
@@ -205,7 +233,7 @@ mod tests {
     #[test]
     fn small_goes_direct_mid_goes_logarithmic_large_goes_ring() {
         let ar = Collective::AllReduce(RedOp::Sum);
-        for c in [Costs::TCP, Costs::SHM, Costs::of(["SHM"], 2.0)] {
+        for c in [Costs::TCP, Costs::SHM, Costs::of([TransportKind::Shm], 2.0)] {
             assert_eq!(choose(ar, 4, 8, 1 << 19, &c), Algorithm::Direct);
             assert_eq!(choose(ar, 4, 32 << 20, 1 << 19, &c), Algorithm::Ring);
             assert_eq!(
@@ -219,7 +247,7 @@ mod tests {
         }
         // Shared memory with 4 ranks on 2 cores (measured, MONEL_ALGO forced): at 2 KiB
         // doubling 6.4 us beat direct 7.4 and halving 9.4; from 8 KiB direct loses.
-        let c = Costs::of(["SHM"], 2.0);
+        let c = Costs::of([TransportKind::Shm], 2.0);
         assert_eq!(choose(ar, 4, 2 << 10, 1 << 19, &c), Algorithm::Doubling);
         assert_ne!(choose(ar, 4, 8 << 10, 1 << 19, &c), Algorithm::Direct);
         // Three ranks fold onto two: at 8 bytes direct's one step wins.
@@ -229,11 +257,11 @@ mod tests {
     #[test]
     fn hosts_of_several_ranks_take_the_hierarchy_for_large_allreduces() {
         let ar = Collective::AllReduce(RedOp::Sum);
-        let flat = Costs::of(["SHM", "RoCE"], 2.0);
+        let flat = Costs::of([TransportKind::Shm, TransportKind::Roce], 2.0);
         let h = |per_host| Hosts {
             per_host,
-            local: Costs::of(["SHM"], 2.0),
-            net: Costs::of(["RoCE"], 2.0),
+            local: Costs::of([TransportKind::Shm], 2.0),
+            net: Costs::of([TransportKind::Roce], 2.0),
         };
         let pick = |n, bytes, per_host| choose_on(ar, n, bytes, 1 << 19, &flat, Some(&h(per_host)));
         for n in [4, 6, 8] {

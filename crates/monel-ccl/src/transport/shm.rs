@@ -26,15 +26,16 @@ use std::time::{Duration, Instant};
 use nix::poll::PollFlags;
 use nix::sys::mman::{MapFlags, ProtFlags, mmap, munmap};
 
-use crate::link::Link;
+use super::{Link, Setup};
 use monel_copy::{Adaptive, Costs, STREAM_MIN, copy};
+use monel_sched::tune::TransportKind;
 
 const MAGIC_OFFER: &[u8; 4] = b"MNLS";
 const PAGE: usize = 4096;
 /// Most bytes copied before the other side is told (so it can start on them).
 const PIECE: usize = 64 << 10;
 /// Default ring size per direction.
-pub const DEFAULT_RING: usize = 1 << 20;
+pub(crate) const DEFAULT_RING: usize = 1 << 20;
 
 /// One cache line holding one counter.
 #[repr(C, align(64))]
@@ -315,7 +316,7 @@ impl Ring {
 }
 
 /// A link over shared memory (see the module docs).
-pub struct ShmLink {
+pub(crate) struct ShmLink {
     /// Kept for its lifetime: the rings point into it.
     _seg: Segment,
     tx: Ring,
@@ -380,7 +381,7 @@ impl ShmLink {
     }
 
     /// Releases `n` read bytes ([`Self::readable`]'s or copied out) to the writer.
-    pub fn consume(&mut self, n: usize) {
+    pub(crate) fn consume(&mut self, n: usize) {
         if n == 0 {
             // Nothing to release: leave the writer's line alone (a polling reader would
             // otherwise store to it on every look).
@@ -416,7 +417,7 @@ impl ShmLink {
     /// The readable bytes up to the ring's wrap point, to use in place (reduce straight out
     /// of the ring); [`Self::consume`] releases them. Empty when nothing is there;
     /// `Err(UnexpectedEof)` once the peer is gone and the ring is drained.
-    pub fn readable(&mut self) -> io::Result<&[u8]> {
+    pub(crate) fn readable(&mut self) -> io::Result<&[u8]> {
         let n = self.avail()?;
         if n == 0 && self.peer_gone {
             return Err(gone());
@@ -426,8 +427,8 @@ impl ShmLink {
 }
 
 impl Link for ShmLink {
-    fn kind(&self) -> &'static str {
-        "SHM"
+    fn kind(&self) -> TransportKind {
+        TransportKind::Shm
     }
 
     fn write_some(&mut self, data: &[u8]) -> io::Result<usize> {
@@ -612,14 +613,6 @@ impl Default for ShmConfig {
     }
 }
 
-/// The outcome of trying shared memory with one peer.
-pub enum Upgrade {
-    /// Shared memory it is.
-    Shm(ShmLink),
-    /// The TCP stream back, and why shared memory was not used.
-    Tcp(TcpStream, String),
-}
-
 pub(crate) fn send_msg(s: &mut TcpStream, kind: u8, fields: &[&[u8]]) -> io::Result<()> {
     let mut m = MAGIC_OFFER.to_vec();
     m.push(kind);
@@ -754,15 +747,24 @@ pub(crate) fn open_sized(path: &Path, len: usize, nonce: &[u8]) -> Result<Segmen
     Ok(seg)
 }
 
+/// How a shared-memory link describes itself in the path log.
+fn shm_detail(cfg: &ShmConfig) -> String {
+    format!(
+        "(same host: {} KiB rings in {})",
+        cfg.ring.next_power_of_two() >> 10,
+        cfg.dir.display()
+    )
+}
+
 /// Tries to turn each TCP connection into a shared-memory link. Every pair runs the same
 /// handshake (the lower rank offers, the higher accepts or declines with a reason), so both
 /// ends always agree on the transport. Blocking, bounded by `deadline`.
-pub fn upgrade(
+pub(crate) fn upgrade(
     streams: Vec<Option<TcpStream>>,
     rank: usize,
     cfg: &ShmConfig,
     deadline: Instant,
-) -> io::Result<Vec<Option<Upgrade>>> {
+) -> io::Result<Vec<Option<Setup<ShmLink>>>> {
     let n = streams.len();
     let mut streams = streams;
     bound_reads(&mut streams, deadline)?;
@@ -798,7 +800,7 @@ pub fn upgrade(
         }
         offered[j] = Some(o);
     }
-    let mut out: Vec<Option<Upgrade>> = (0..n).map(|_| None).collect();
+    let mut out: Vec<Option<Setup<ShmLink>>> = (0..n).map(|_| None).collect();
     for (j, slot) in streams.iter_mut().enumerate().take(rank) {
         let Some(mut s) = slot.take() else { continue };
         let (kind, f) = recv_msg(&mut s)?;
@@ -829,12 +831,12 @@ pub fn upgrade(
             Ok((seg, c)) => {
                 send_msg(&mut s, ACCEPT, &[])?;
                 s.set_read_timeout(None)?;
-                out[j] = Some(Upgrade::Shm(ShmLink::new(seg, c, false, s)?));
+                out[j] = Some(Setup::Up(ShmLink::new(seg, c, false, s)?, shm_detail(cfg)));
             }
             Err(why) => {
                 send_msg(&mut s, DECLINE, &[why.as_bytes()])?;
                 s.set_read_timeout(None)?;
-                out[j] = Some(Upgrade::Tcp(s, why));
+                out[j] = Some(Setup::Declined(s, why));
             }
         }
     }
@@ -848,12 +850,12 @@ pub fn upgrade(
         let (kind, f) = reply?;
         s.set_read_timeout(None)?;
         out[j] = Some(match (o, kind) {
-            (Ok(o), ACCEPT) => Upgrade::Shm(ShmLink::new(o.seg, cap, true, s)?),
-            (Ok(_), _) => Upgrade::Tcp(
+            (Ok(o), ACCEPT) => Setup::Up(ShmLink::new(o.seg, cap, true, s)?, shm_detail(cfg)),
+            (Ok(_), _) => Setup::Declined(
                 s,
                 format!("rank {j} declined shared memory: {}", first_text(&f)),
             ),
-            (Err(why), _) => Upgrade::Tcp(s, why),
+            (Err(why), _) => Setup::Declined(s, why),
         });
     }
     Ok(out)
@@ -877,7 +879,7 @@ mod tests {
         let t = std::thread::spawn(move || upgrade(vec![None, Some(b)], 0, &cfg2, deadline));
         let mut hi = upgrade(vec![Some(a), None], 1, &cfg, deadline).unwrap();
         let mut lo = t.join().unwrap().unwrap();
-        let (Some(Upgrade::Shm(x)), Some(Upgrade::Shm(y))) = (lo[1].take(), hi[0].take()) else {
+        let (Some(Setup::Up(x, _)), Some(Setup::Up(y, _))) = (lo[1].take(), hi[0].take()) else {
             panic!("expected shared memory both ways");
         };
         (x, y)
@@ -1021,11 +1023,11 @@ mod tests {
         };
         let hi = upgrade(vec![Some(a), None], 1, &hi_cfg, deadline).unwrap();
         let lo = t.join().unwrap().unwrap();
-        let Some(Upgrade::Tcp(_, why)) = &hi[0] else {
+        let Some(Setup::Declined(_, why)) = &hi[0] else {
             panic!("expected TCP")
         };
         assert!(why.contains("different hosts"), "{why}");
-        let Some(Upgrade::Tcp(_, why)) = &lo[1] else {
+        let Some(Setup::Declined(_, why)) = &lo[1] else {
             panic!("expected TCP")
         };
         assert!(why.contains("declined"), "{why}");

@@ -25,9 +25,10 @@ use monel_verbs::{
 use nix::poll::PollFlags;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 
-use crate::link::Link;
-use crate::shm::{bound_reads, first_text, recv_msg, send_msg};
+use super::shm::{bound_reads, first_text, recv_msg, send_msg};
+use super::{Link, Setup};
 use monel_copy::copy;
+use monel_sched::tune::TransportKind;
 
 /// Soft-RNIC transport settings.
 #[derive(Debug, Clone)]
@@ -69,7 +70,7 @@ const CREDIT_IMM: u32 = u32::MAX;
 const CREDIT_WR: u64 = u64::MAX;
 
 /// A soft RNIC opened for one rank: every RDMA link of the rank shares its progress thread.
-pub struct Nic {
+pub(crate) struct Nic {
     ctx: Arc<Context>,
     pd: ProtectionDomain,
     sgid_index: u8,
@@ -81,7 +82,7 @@ pub struct Nic {
 impl Nic {
     /// Opens `cfg.device`, or the device holding `local_ip`, on its own UDP port (ranks
     /// sharing an address each bind one; peers learn it in the handshake).
-    pub fn open(cfg: &RdmaConfig, local_ip: IpAddr) -> Result<Self, String> {
+    pub(crate) fn open(cfg: &RdmaConfig, local_ip: IpAddr) -> Result<Self, String> {
         let dev = match &cfg.device {
             Some(d) => Device::from_arg(d),
             None => Device::bind(local_ip),
@@ -118,7 +119,7 @@ impl Nic {
     }
 
     /// For logs: `dev NAME gid G udp P`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!(
             "dev {} gid {} udp {}",
             self.ctx.device().name,
@@ -238,14 +239,6 @@ impl Offer {
     }
 }
 
-/// What the handshake gave a pair.
-pub enum Via {
-    /// The soft RNIC, with a line for the logs.
-    Rdma(Box<RdmaLink>, String),
-    /// TCP, with the reason the soft RNIC was not used.
-    Tcp(TcpStream, String),
-}
-
 const OFFER: u8 = 11;
 const NO_OFFER: u8 = 10;
 const READY: u8 = 13;
@@ -255,14 +248,14 @@ const FAIL: u8 = 12;
 /// where both sides can, over each pair's TCP connection: offers (QP, ring, credit word) to
 /// every peer, reads theirs, connects, then confirms both ways before any data moves. A pair
 /// where either side cannot stays on TCP, with the reason.
-pub fn upgrade(
+pub(crate) fn upgrade(
     streams: Vec<Option<TcpStream>>,
     local_ip: IpAddr,
     cfg: &RdmaConfig,
     deadline: Instant,
-) -> io::Result<Vec<Option<Via>>> {
+) -> io::Result<Vec<Option<Setup<RdmaLink>>>> {
     let n = streams.len();
-    let mut out: Vec<Option<Via>> = (0..n).map(|_| None).collect();
+    let mut out: Vec<Option<Setup<RdmaLink>>> = (0..n).map(|_| None).collect();
     if streams.iter().all(Option::is_none) {
         return Ok(out);
     }
@@ -353,16 +346,16 @@ pub fn upgrade(
                     ep.rx.len() >> 10
                 );
                 let link = RdmaLink::new(ep, o, s)?;
-                Via::Rdma(Box::new(link), desc)
+                Setup::Up(link, format!("soft-RNIC {desc}"))
             }
-            (Ok(_), _) => Via::Tcp(
+            (Ok(_), _) => Setup::Declined(
                 s,
                 format!(
                     "rank {j} could not connect the soft RNIC: {}",
                     first_text(&f)
                 ),
             ),
-            (Err(why), _) => Via::Tcp(s, why),
+            (Err(why), _) => Setup::Declined(s, why),
         });
     }
     Ok(out)
@@ -643,7 +636,7 @@ impl State {
 }
 
 /// A link over one RC queue pair of the soft RNIC (see the module docs).
-pub struct RdmaLink {
+pub(crate) struct RdmaLink {
     st: RefCell<State>,
     /// The pair's TCP connection: closes when the peer dies.
     tcp: TcpStream,
@@ -725,7 +718,7 @@ impl RdmaLink {
     }
 
     /// The QP's counters (retransmissions, RNR, sequence errors), for diagnostics.
-    pub fn stats(&self) -> Option<monel_verbs::QpStats> {
+    pub(crate) fn stats(&self) -> Option<monel_verbs::QpStats> {
         self.st.borrow().qp.stats().ok()
     }
 }
@@ -756,8 +749,8 @@ impl Drop for RdmaLink {
 }
 
 impl Link for RdmaLink {
-    fn kind(&self) -> &'static str {
-        "RoCE"
+    fn kind(&self) -> TransportKind {
+        TransportKind::Roce
     }
     fn write_some(&mut self, data: &[u8]) -> io::Result<usize> {
         if data.is_empty() {

@@ -1,0 +1,237 @@
+//! Transports: a reliable, ordered byte stream to each peer behind one [`Link`] trait
+//! (NCCL's transport interface), and the loop that sets each pair up on the first
+//! transport both ends can use: shared memory, then RDMA, then TCP.
+//!
+//! Every pair starts as a TCP connection from the bootstrap mesh. Each transport in turn
+//! runs its handshake over the pairs still on TCP; both ends of a pair always agree on the
+//! outcome, and a pair a transport declines comes back with the reason, which the path log
+//! prints.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::os::fd::RawFd;
+use std::time::Instant;
+
+use monel_sched::tune::TransportKind;
+use nix::poll::PollFlags;
+
+use crate::error::{CclError, Result};
+
+pub(crate) mod rdma;
+pub(crate) mod shm;
+pub(crate) mod tcp;
+
+pub use rdma::RdmaConfig;
+pub use shm::ShmConfig;
+
+/// One peer's connection.
+pub trait Link: Send {
+    /// The transport it runs on.
+    fn kind(&self) -> TransportKind;
+    /// Writes what it can without blocking (`Ok(0)` when full).
+    fn write_some(&mut self, data: &[u8]) -> io::Result<usize>;
+    /// Writes `a` then `b` as one stream, as much as fits without blocking (a frame header
+    /// and its payload in one system call or one ring update).
+    fn write_two(&mut self, a: &[u8], b: &[u8]) -> io::Result<usize> {
+        let n = self.write_some(a)?;
+        if n < a.len() {
+            return Ok(n);
+        }
+        Ok(n + self.write_some(b)?)
+    }
+    /// Reads what is there without blocking; `Err(UnexpectedEof)` once the peer closed.
+    fn read_some(&mut self, buf: &mut [u8]) -> io::Result<usize>;
+    /// Looks at what is there without consuming it (`Err(UnexpectedEof)` once closed).
+    fn peek(&self, buf: &mut [u8]) -> io::Result<usize>;
+    /// The descriptor to sleep on.
+    fn fd(&self) -> RawFd;
+    /// Prepares to sleep on [`Self::fd`] until the link can be read (`read`) or written
+    /// (`write`): returns the poll events to wait for, or `None` when there is already
+    /// something to do (do not sleep).
+    fn arm(&mut self, read: bool, write: bool) -> Option<PollFlags> {
+        let mut f = PollFlags::empty();
+        if read {
+            f |= PollFlags::POLLIN;
+        }
+        if write {
+            f |= PollFlags::POLLOUT;
+        }
+        Some(f)
+    }
+    /// Writes all of `a` then `b` as one stream, or nothing (`Ok(false)`: no room now, or
+    /// the transport cannot promise it; then nothing was written).
+    fn write_whole(&mut self, a: &[u8], b: &[u8]) -> io::Result<bool> {
+        let _ = (a, b);
+        Ok(false)
+    }
+    /// After a sleep: withdraws the wake-up requests [`Self::arm`] made.
+    fn disarm(&mut self) {}
+    /// The transport's counters for the logs (retransmissions and the like), if it has any.
+    fn counters(&self) -> Option<String> {
+        None
+    }
+    /// Hands up to `max` received bytes, contiguous, to `f` where they lie (a ring), without
+    /// copying them out; `f` returns how many it used, and those are consumed. `None` when
+    /// the transport has no such buffer (read with [`Self::read_some`]); `Ok(0)` when nothing
+    /// is there yet.
+    fn read_in_place(
+        &mut self,
+        max: usize,
+        f: &mut dyn FnMut(&[u8]) -> usize,
+    ) -> Option<io::Result<usize>> {
+        let _ = (max, f);
+        None
+    }
+}
+
+/// What a transport's handshake gave one pair.
+pub(crate) enum Setup<L> {
+    /// The pair runs on the transport: its link, and a description for the path log.
+    Up(L, String),
+    /// The TCP stream back, and why the transport was not used.
+    Declined(TcpStream, String),
+}
+
+/// What setting up every pair needs to know.
+pub(crate) struct Plan<'a> {
+    pub(crate) rank: usize,
+    /// The address this rank reaches the others from.
+    pub(crate) local_ip: IpAddr,
+    /// Each rank's data address (the TCP path log names the peer's).
+    pub(crate) peers: &'a [SocketAddr],
+    pub(crate) shm: &'a ShmConfig,
+    pub(crate) rdma: &'a RdmaConfig,
+    /// Whether a pair may stay on TCP (`MONEL_TRANSPORT`).
+    pub(crate) tcp: bool,
+    /// TCP congestion controls to ask for, in order.
+    pub(crate) tcp_congestion: &'a [String],
+    pub(crate) deadline: Instant,
+}
+
+/// The links to every peer (`None` for this rank), and one path-log line per peer.
+pub(crate) type Links = (Vec<Option<Box<dyn Link>>>, Vec<String>);
+
+/// Sets up every pair in `streams` (indexed by peer; `None` for this rank) on the first
+/// transport that takes it, in the order shared memory, RDMA, TCP.
+pub(crate) fn connect(streams: Vec<Option<TcpStream>>, p: &Plan<'_>) -> Result<Links> {
+    let n = streams.len();
+    let mut links: Vec<Option<Box<dyn Link>>> = (0..n).map(|_| None).collect();
+    let mut paths = vec![String::new(); n];
+    let mut declined: Vec<Vec<String>> = vec![Vec::new(); n];
+    let mut rest = streams;
+    // The transports with a handshake, fastest first; TCP takes what is left.
+    type Upgrade<'p> =
+        dyn Fn(Vec<Option<TcpStream>>) -> Result<Vec<Option<Setup<Box<dyn Link>>>>> + 'p;
+    let shm: &Upgrade<'_> = &|s| {
+        shm::upgrade(s, p.rank, p.shm, p.deadline)
+            .map(boxed)
+            .map_err(|e| CclError::io("shared-memory handshake", e))
+    };
+    let rdma: &Upgrade<'_> = &|s| {
+        rdma::upgrade(s, p.local_ip, p.rdma, p.deadline)
+            .map(boxed)
+            .map_err(|e| CclError::io("soft-RNIC handshake", e))
+    };
+    for (kind, upgrade) in [(TransportKind::Shm, shm), (TransportKind::Roce, rdma)] {
+        let outcomes = upgrade(std::mem::take(&mut rest))?;
+        rest = (0..n).map(|_| None).collect();
+        for (j, o) in outcomes.into_iter().enumerate() {
+            match o {
+                Some(Setup::Up(link, detail)) => {
+                    paths[j] = path_line(p.rank, j, kind, &detail, &declined[j]);
+                    links[j] = Some(link);
+                }
+                Some(Setup::Declined(s, why)) => {
+                    rest[j] = Some(s);
+                    declined[j].push(format!("not {}: {why}", declined_name(kind)));
+                }
+                None => {}
+            }
+        }
+    }
+    for (j, s) in rest.into_iter().enumerate() {
+        let Some(s) = s else { continue };
+        if !p.tcp {
+            return Err(CclError::bootstrap(format!(
+                "rank {} -> {j}: MONEL_TRANSPORT forbids TCP; {}",
+                p.rank,
+                declined[j].join("; ")
+            )));
+        }
+        let link = tcp::TcpLink::new(s).map_err(|e| CclError::io("link", e))?;
+        let cc = link.choose_congestion(p.tcp_congestion);
+        let mut notes = vec![format!("congestion {cc}")];
+        notes.append(&mut declined[j]);
+        let detail = format!("{} -> {}", p.local_ip, p.peers[j]);
+        paths[j] = path_line(p.rank, j, TransportKind::Tcp, &detail, &notes);
+        links[j] = Some(Box::new(link));
+    }
+    paths.retain(|l| !l.is_empty());
+    Ok((links, paths))
+}
+
+fn boxed<L: Link + 'static>(v: Vec<Option<Setup<L>>>) -> Vec<Option<Setup<Box<dyn Link>>>> {
+    v.into_iter()
+        .map(|o| {
+            o.map(|s| match s {
+                Setup::Up(l, d) => Setup::Up(Box::new(l) as Box<dyn Link>, d),
+                Setup::Declined(s, why) => Setup::Declined(s, why),
+            })
+        })
+        .collect()
+}
+
+/// How the path log names a transport that declined a pair.
+const fn declined_name(kind: TransportKind) -> &'static str {
+    match kind {
+        TransportKind::Shm => "SHM",
+        TransportKind::Roce => "RDMA",
+        TransportKind::Tcp => "TCP",
+    }
+}
+
+/// One path-log line: `rank R -> J via KIND DETAIL (NOTES)`.
+fn path_line(rank: usize, j: usize, kind: TransportKind, detail: &str, notes: &[String]) -> String {
+    let mut s = format!("rank {rank} -> {j} via {kind}");
+    if !detail.is_empty() {
+        s.push(' ');
+        s.push_str(detail);
+    }
+    if !notes.is_empty() {
+        s.push_str(&format!(" ({})", notes.join("; ")));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_lines_read_as_before() {
+        assert_eq!(
+            path_line(
+                0,
+                1,
+                TransportKind::Shm,
+                "(same host: 1024 KiB rings in /dev/shm)",
+                &[]
+            ),
+            "rank 0 -> 1 via SHM (same host: 1024 KiB rings in /dev/shm)"
+        );
+        assert_eq!(
+            path_line(
+                1,
+                0,
+                TransportKind::Tcp,
+                "10.0.0.2 -> 10.0.0.1:4000",
+                &[
+                    "congestion cubic".into(),
+                    "not SHM: x".into(),
+                    "not RDMA: y".into()
+                ]
+            ),
+            "rank 1 -> 0 via TCP 10.0.0.2 -> 10.0.0.1:4000 (congestion cubic; not SHM: x; not RDMA: y)"
+        );
+    }
+}
