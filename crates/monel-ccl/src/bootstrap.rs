@@ -92,7 +92,7 @@ impl FromStr for UniqueId {
 
 /// Where this rank's bootstrap came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Launch {
+pub(crate) struct Launch {
     /// This rank.
     pub rank: usize,
     /// Ranks in all.
@@ -125,7 +125,7 @@ fn num(env: &dyn Fn(&str) -> Option<String>, names: &[&str]) -> Result<Option<us
 /// `MASTER_ADDR`, `MASTER_PORT`; Slurm's `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`;
 /// Open MPI's `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_RANK`.
 /// Slurm and mpirun need `MASTER_ADDR` and `MASTER_PORT` too (they name no rendezvous).
-pub fn launch_from(env: &dyn Fn(&str) -> Option<String>) -> Result<Launch> {
+pub(crate) fn launch_from(env: &dyn Fn(&str) -> Option<String>) -> Result<Launch> {
     let (rank, nranks, local, source) = if let Some(r) = num(env, &["MONEL_RANK"])? {
         let n = num(env, &["MONEL_NRANKS"])?
             .ok_or_else(|| CclError::bootstrap("MONEL_RANK is set but MONEL_NRANKS is not"))?;

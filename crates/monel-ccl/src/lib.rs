@@ -13,17 +13,18 @@
 //!
 //! The schedules themselves are plain data in `monel-sched`, which also runs them in memory.
 
-pub mod bootstrap;
-pub mod comm;
+mod bootstrap;
+mod comm;
 mod cpus;
-pub mod error;
+mod error;
 mod exec;
 mod frame;
-pub mod transport;
-pub mod window;
+mod transport;
+mod window;
 
 pub use bootstrap::UniqueId;
-pub use comm::{CommConfig, Communicator, GroupOp, Io};
+pub use comm::{CommConfig, Communicator, GroupOp, Io, Transports};
 pub use error::{CclError, ErrorKind, Result};
 pub use monel_sched::{Algorithm, Collective, CollectiveKind, DataType, RedOp};
-pub use window::Window;
+pub use transport::{RdmaConfig, ShmConfig};
+pub use window::{MIN_BYTES as WINDOW_MIN_BYTES, Window};

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use monel_ccl::comm::Transports;
+use monel_ccl::Transports;
 use monel_ccl::{
     Collective, CommConfig, Communicator, DataType, ErrorKind, GroupOp, Io, RedOp, UniqueId,
 };

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use monel_ccl::window::MIN_BYTES;
+use monel_ccl::WINDOW_MIN_BYTES as MIN_BYTES;
 use monel_ccl::{
     Algorithm, Collective, CommConfig, Communicator, DataType, ErrorKind, Io, RedOp, UniqueId,
 };

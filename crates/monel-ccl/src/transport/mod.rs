@@ -25,7 +25,7 @@ pub use rdma::RdmaConfig;
 pub use shm::ShmConfig;
 
 /// One peer's connection.
-pub trait Link: Send {
+pub(crate) trait Link: Send {
     /// The transport it runs on.
     fn kind(&self) -> TransportKind;
     /// Writes what it can without blocking (`Ok(0)` when full).
