@@ -1,43 +1,48 @@
 //! Monel's fabric planner: RDMA fabrics (leaf-spine, k-ary fat-trees, rail-optimized) with
 //! ECMP, servers of GPUs and NICs on them, and Monel's own collective schedules
-//! (`monel-ccl`'s plain data, replayed, not re-implemented) running on them in a fluid model
+//! (`monel-sched`'s plain data, replayed, not re-implemented) running on them in a fluid model
 //! that shares links max-min fairly; training steps and prices on top.
 //!
 //! ```text
 //! units (400Gbps, 1us) --> LeafSpine | FatTree | RailOptimized --> Fabric --+ Server --> Cluster
-//! monel_sched::plan::schedule(...) --> replay (event engine, async ranks, <= 4096 ranks)
-//!                                --> lockstep (rank- or host-symmetric algorithms, 100,000 GPUs)
-//! plan: collectives (NCCL-style channels on NIC rails), training steps, cost
+//! monel_sched::plan::schedule(...) --> engine::event (async ranks, <= 4096 ranks)
+//!                                --> engine::lockstep (symmetric algorithms, 100,000 GPUs)
+//!                                --> engine::packet (PFC, ECN, DCQCN)
+//! scenario: collectives (NCCL-style channels on NIC rails), training steps, cost
+//! design (config: TOML in) --> report (text, sweep rows) --> chart
 //! ```
 //! Everything is deterministic: the same inputs give the same answer, bit for bit.
 
+mod chart;
 pub mod cluster;
-pub mod config;
-pub mod flow;
-pub mod lockstep;
-pub mod packet;
-pub mod plan;
+mod config;
+mod design;
+pub mod engine;
+mod error;
 mod radix;
-pub mod replay;
+mod report;
+pub mod scenario;
 pub mod topology;
 pub mod units;
 
+pub use chart::svg_chart;
 pub use cluster::{Cluster, Server};
-pub use config::{
-    ConfigError, Design, Report, SweepRow, Transport, evaluate, parse_design, svg_chart,
-};
-pub use flow::{drain, max_min_rates, max_min_rates_by};
-pub use lockstep::{Lockstep, SymJob, Symmetry, lockstep, symmetric};
-pub use packet::{
+pub use config::parse_design;
+pub use design::{Design, Transport};
+pub use engine::event::{Job, Replay, ReplayError, replay, sport};
+pub use engine::flow::{drain, max_min_rates, max_min_rates_by};
+pub use engine::lockstep::{Lockstep, SymJob, Symmetry, lockstep, symmetric};
+pub use engine::packet::{
     Ecn, Flow, FlowControl, PacketError, PacketParams, PacketReport, Sample, simulate_flows,
     simulate_jobs,
 };
-pub use plan::{
+pub use error::{ConfigError, PlanError};
+pub use report::{Report, SweepRow, evaluate};
+pub use scenario::{
     Background, CollectiveSpec, Cost, Engine, Outcome, PACKET_ENGINE_MAX_PACKETS, Placement,
-    PlanError, Prices, Scenario, StepReport, Training, busbw_factor, cost, run_collective,
-    run_scenario, training_step,
+    Prices, Scenario, StepReport, Training, busbw_factor, cost, run_collective, run_scenario,
+    training_step,
 };
-pub use replay::{Job, Replay, ReplayError, replay, sport};
 pub use topology::{
     Fabric, FatTree, LeafSpine, LinkId, LinkKind, RailOptimized, Routing, TopologyError,
 };

@@ -8,6 +8,13 @@ use std::collections::VecDeque;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
+/// Where a link delivers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Node {
+    Switch,
+    Host(usize),
+}
+
 /// ECN marking by queue depth (DCQCN's congestion point): probability 0 below `kmin` bytes,
 /// rising linearly to `pmax` at `kmax`, 1 above.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -122,7 +129,7 @@ pub(crate) struct Link {
     pub(crate) rng: ChaCha8Rng,
     pub(crate) stats: LinkStats,
     /// Where packets arriving at the far end go.
-    pub(crate) to: crate::net::Node,
+    pub(crate) to: Node,
     /// Where the IP header starts in a frame (0 for IP datagrams, 14 for Ethernet frames).
     pub(crate) l3_offset: usize,
 }

@@ -26,14 +26,7 @@ use monel_wire::{Psn, Qpn, ROCE_V2_UDP_PORT};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::link::{Fate, Link, LinkConfig, LinkStats};
-
-/// Where a link delivers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Node {
-    Switch,
-    Host(usize),
-}
+use crate::link::{Fate, Link, LinkConfig, LinkStats, Node};
 
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {

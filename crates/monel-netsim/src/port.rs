@@ -38,7 +38,7 @@ impl Port {
                 busy: false,
                 rng: ChaCha8Rng::seed_from_u64(seed),
                 stats: LinkStats::default(),
-                to: crate::net::Node::Switch,
+                to: crate::link::Node::Switch,
                 l3_offset,
             },
             tx_free_at: Duration::ZERO,

@@ -4,15 +4,15 @@
 //! network's price.
 
 use std::collections::HashMap;
-use std::fmt;
 
 use monel_sched::plan::{Algorithm, Collective, schedule_ordered};
 use monel_sched::schedule::Schedule;
 
 use crate::cluster::Cluster;
-use crate::lockstep::{Lockstep, SymJob, Symmetry, lockstep, symmetric};
-use crate::packet::{PacketParams, PacketReport, simulate_jobs};
-use crate::replay::{Job, ReplayError, replay};
+use crate::engine::event::{Job, replay};
+use crate::engine::lockstep::{Lockstep, SymJob, Symmetry, lockstep, symmetric};
+use crate::engine::packet::{PacketParams, PacketReport, simulate_jobs};
+use crate::error::{PlanError, invalid};
 
 /// Which engine runs a collective.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,44 +66,6 @@ pub struct Outcome {
     pub stats: Option<Lockstep>,
     /// What the packet engine saw (pauses, marks, queues), when it ran.
     pub packet: Option<PacketReport>,
-}
-
-/// Why a plan cannot be made.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PlanError {
-    /// A bad request; names the field.
-    Invalid {
-        /// The field.
-        field: &'static str,
-        /// Why.
-        why: String,
-    },
-    /// The replay failed.
-    Replay(ReplayError),
-}
-
-impl fmt::Display for PlanError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Invalid { field, why } => write!(f, "{field}: {why}"),
-            Self::Replay(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl std::error::Error for PlanError {}
-
-impl From<ReplayError> for PlanError {
-    fn from(e: ReplayError) -> Self {
-        Self::Replay(e)
-    }
-}
-
-fn invalid(field: &'static str, why: impl Into<String>) -> PlanError {
-    PlanError::Invalid {
-        field,
-        why: why.into(),
-    }
 }
 
 /// nccl-tests' bus bandwidth factor.

@@ -6,7 +6,7 @@
 //! last bit left, and a step finishes when all of its receives were delivered. Ranks run
 //! asynchronously, as they do for real; a flow that starts or ends re-shares the links of the
 //! flows connected to it (through shared links), so the cost grows with messages times the
-//! flows of the fabric's busiest part: up to a few thousand ranks. [`mod@crate::lockstep`] covers
+//! flows of the fabric's busiest part: up to a few thousand ranks. [`mod@crate::engine::lockstep`] covers
 //! the rest.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -15,7 +15,7 @@ use std::fmt;
 use monel_sched::schedule::{Op, Schedule};
 
 use crate::cluster::Cluster;
-use crate::flow::max_min_rates_by;
+use crate::engine::flow::max_min_rates_by;
 
 /// The outcome of a replay.
 #[derive(Debug, Clone, PartialEq)]
@@ -516,7 +516,7 @@ fn advance(flows: &mut [Active], rates: &[f64], dt: f64, cluster: &Cluster, out:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::flow::max_min_rates;
+    use crate::engine::flow::max_min_rates;
 
     /// Flows start and end at random on random links; after each change, re-sharing only
     /// the part connected to the changed links gives every flow the rate a full re-share
@@ -524,7 +524,7 @@ mod tests {
     #[test]
     fn resharing_the_changed_part_matches_sharing_everything() {
         let seed0 = 0x0fab_u64;
-        let mut rnd = crate::flow::uniform(seed0);
+        let mut rnd = crate::engine::flow::uniform(seed0);
         for case in 0..50 {
             let links = 2 + rnd(30);
             let cap: Vec<f64> = (0..links).map(|_| 1.0 + rnd(9) as f64).collect();

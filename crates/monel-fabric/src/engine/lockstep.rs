@@ -24,8 +24,8 @@ use std::collections::HashMap;
 use monel_sched::schedule::{Op, Schedule};
 
 use crate::cluster::Cluster;
-use crate::flow::drain;
-use crate::replay::{ReplayError, sport};
+use crate::engine::event::{ReplayError, sport};
+use crate::engine::flow::drain;
 use crate::topology::{LinkId, LinkKind};
 
 /// How rank r's peers follow from rank 0's (or, on hosts, from its own host's first).

@@ -36,9 +36,9 @@ use monel_rc::Instant;
 use monel_rc::congestion::{Controller, Dcqcn, DcqcnParams};
 
 use crate::cluster::Cluster;
-use crate::plan::PlanError;
+use crate::engine::event::{Job, Message, Progress, ReplayError};
+use crate::error::PlanError;
 use crate::radix::RadixHeap;
-use crate::replay::{Job, Message, Progress, ReplayError};
 use crate::topology::{LinkId, LinkKind};
 
 /// How links keep from overflowing buffers.
