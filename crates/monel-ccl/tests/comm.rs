@@ -1,7 +1,11 @@
 //! Communicators over real transports, one thread per rank: shared memory, the soft RNIC
-//! (RoCEv2 on loopback), TCP on loopback, and a mix (ranks that claim different hosts). Every collective against a reference, and
+//! (RoCEv2 on loopback), TCP on loopback, and a mix (ranks that claim different hosts).
+//! Every collective against a reference, and
 //! the failure cases (mismatch, a missing rank, a departed rank, bad arguments, a wrong
 //! unique id) each end with a clear error on every rank, never a hang.
+//!
+//! One file of about a thousand lines: the cases share the helpers that start ranks on
+//! each transport and check results against a reference, and each case is short.
 
 use std::time::{Duration, Instant};
 

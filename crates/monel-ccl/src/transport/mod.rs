@@ -17,6 +17,7 @@ use nix::poll::PollFlags;
 
 use crate::error::{CclError, Result};
 
+mod handshake;
 pub(crate) mod rdma;
 pub(crate) mod shm;
 pub(crate) mod tcp;

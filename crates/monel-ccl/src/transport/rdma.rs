@@ -25,7 +25,7 @@ use monel_verbs::{
 use nix::poll::PollFlags;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 
-use super::shm::{bound_reads, first_text, recv_msg, send_msg};
+use super::handshake::{bound_reads, first_text, recv_msg, send_msg};
 use super::{Link, Setup};
 use monel_copy::copy;
 use monel_sched::tune::TransportKind;

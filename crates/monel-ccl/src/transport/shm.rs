@@ -7,7 +7,7 @@
 //! doorbell (one byte wakes a peer that went to sleep in poll) and the liveness signal (a
 //! peer that exits closes it, so a rank waiting on a dead peer's ring finds out at once).
 //!
-//! Setup ([`upgrade`]): the lower rank creates the segment in `/dev/shm`, writes a random
+//! Setup ([`upgrade`], in the messages of [`super::handshake`]): the lower rank creates the segment in `/dev/shm`, writes a random
 //! nonce into it and offers its name and the nonce over TCP; the higher rank maps it and
 //! accepts only if it reads the same nonce (proof that both really share the memory), and
 //! the creator then unlinks the file, so nothing outlives the two processes.
@@ -21,16 +21,16 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nix::poll::PollFlags;
 use nix::sys::mman::{MapFlags, ProtFlags, mmap, munmap};
 
+use super::handshake::{bound_reads, first_text, recv_msg, send_msg};
 use super::{Link, Setup};
 use monel_copy::{Adaptive, Costs, STREAM_MIN, copy};
 use monel_sched::tune::TransportKind;
 
-const MAGIC_OFFER: &[u8; 4] = b"MNLS";
 const PAGE: usize = 4096;
 /// Most bytes copied before the other side is told (so it can start on them).
 const PIECE: usize = 64 << 10;
@@ -613,58 +613,6 @@ impl Default for ShmConfig {
     }
 }
 
-pub(crate) fn send_msg(s: &mut TcpStream, kind: u8, fields: &[&[u8]]) -> io::Result<()> {
-    let mut m = MAGIC_OFFER.to_vec();
-    m.push(kind);
-    for f in fields {
-        m.extend((f.len() as u16).to_le_bytes());
-        m.extend(*f);
-    }
-    m.extend(0xffffu16.to_le_bytes());
-    s.write_all(&m)
-}
-
-/// Bounds every handshake read on `streams` by `deadline` (at least 100 ms).
-pub(crate) fn bound_reads(streams: &mut [Option<TcpStream>], deadline: Instant) -> io::Result<()> {
-    for s in streams.iter_mut().flatten() {
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(100));
-        s.set_read_timeout(Some(left))?;
-    }
-    Ok(())
-}
-
-/// A handshake message's first field as text (a peer's reason).
-pub(crate) fn first_text(fields: &[Vec<u8>]) -> String {
-    String::from_utf8_lossy(fields.first().map_or(&[][..], |v| v)).into_owned()
-}
-
-/// Reads one message: its kind and fields.
-pub(crate) fn recv_msg(s: &mut TcpStream) -> io::Result<(u8, Vec<Vec<u8>>)> {
-    let mut h = [0u8; 5];
-    s.read_exact(&mut h)?;
-    if &h[..4] != MAGIC_OFFER {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "garbled shared-memory handshake",
-        ));
-    }
-    let mut fields = Vec::new();
-    loop {
-        let mut l = [0u8; 2];
-        s.read_exact(&mut l)?;
-        let l = u16::from_le_bytes(l);
-        if l == 0xffff || fields.len() > 8 {
-            break;
-        }
-        let mut f = vec![0u8; usize::from(l)];
-        s.read_exact(&mut f)?;
-        fields.push(f);
-    }
-    Ok((h[4], fields))
-}
-
 const OFFER: u8 = 1;
 const NO_OFFER: u8 = 0;
 const ACCEPT: u8 = 1;
@@ -865,6 +813,7 @@ pub(crate) fn upgrade(
 mod tests {
     use super::*;
     use std::net::TcpListener;
+    use std::time::Duration;
 
     fn pair(cap: usize) -> (ShmLink, ShmLink) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -10,3 +10,4 @@ pub mod event;
 pub mod flow;
 pub mod lockstep;
 pub mod packet;
+mod packet_params;
