@@ -7,6 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cargo test --workspace --release
+# The README's Rust examples run, and check their own results.
+for ex in monel-ccl:all_reduce monel-verbs:rdma_write monel-fabric:plan; do
+  cargo run --release -q -p "${ex%%:*}" --example "${ex#*:}" > /dev/null
+done
 
 venv=${MONEL_PY_VENV:-$PWD/target/py-venv}
 if [ ! -x "$venv/bin/python" ]; then
