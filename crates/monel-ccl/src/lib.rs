@@ -19,6 +19,7 @@ mod cpus;
 mod error;
 mod exec;
 mod frame;
+pub mod log;
 mod transport;
 mod window;
 

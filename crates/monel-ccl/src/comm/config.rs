@@ -18,8 +18,6 @@ pub struct CommConfig {
     pub chunk: usize,
     /// Same bits for the same inputs whatever the size or algorithm (`MONEL_DETERMINISTIC=1`).
     pub deterministic: bool,
-    /// Log connection paths and algorithm choices to stderr (`MONEL_DEBUG=INFO`).
-    pub debug: bool,
     /// Transports a pair may use (`MONEL_TRANSPORT`).
     pub transports: Transports,
     /// How long a rank polls without sleeping when nothing moves (`MONEL_SPIN_US`,
@@ -99,7 +97,6 @@ impl Default for CommConfig {
             algo: None,
             chunk: 512 << 10,
             deterministic: false,
-            debug: false,
             transports: Transports::default(),
             spin: Duration::from_micros(50),
             shm: ShmConfig::default(),
@@ -201,9 +198,12 @@ impl CommConfig {
                 ))
             })?;
         }
-        if let Some(v) = env("MONEL_DEBUG") {
-            c.debug = v.eq_ignore_ascii_case("INFO") || v.eq_ignore_ascii_case("TRACE");
-        }
+        // Logging is the subscriber's business (see `crate::log`); a malformed setting is
+        // still an error here, with the others.
+        crate::log::filter_from(
+            env("MONEL_DEBUG").as_deref(),
+            env("MONEL_DEBUG_SUBSYS").as_deref(),
+        )?;
         Ok(c)
     }
 }

@@ -85,13 +85,12 @@ impl Communicator {
                 self.execute(sig, &rest, bufs, false)
             }
         };
-        if self.cfg.debug {
-            eprintln!(
-                "monel INFO rank {}: {} via direct (two-rank tiny path)",
-                self.rank,
-                describe_sig(&sig)
-            );
-        }
+        tracing::info!(
+            target: "monel::coll",
+            "rank {}: {} via direct (two-rank tiny path)",
+            self.rank,
+            describe_sig(&sig)
+        );
         Some(res)
     }
 }

@@ -33,6 +33,8 @@ impl Communicator {
 
     /// Joins the communicator `id` names as rank `rank` of `nranks` (`ncclCommInitRank`).
     pub fn init_rank(nranks: usize, rank: usize, id: &UniqueId, cfg: CommConfig) -> Result<Self> {
+        // A malformed MONEL_DEBUG only costs the logs here; `CommConfig::from_env` refuses it.
+        let _ = crate::log::init_from_env();
         if nranks == 0 || rank >= nranks {
             return Err(CclError::invalid(format!(
                 "rank {rank} of {nranks}: want 0 <= rank < nranks"
@@ -107,10 +109,8 @@ impl Communicator {
                 deadline,
             },
         )?;
-        if cfg.debug {
-            for p in &paths {
-                eprintln!("monel INFO {p}");
-            }
+        for p in &paths {
+            tracing::info!(target: "monel::init","{p}");
         }
         // Ranks sharing this host's cores: more of them than cores, and spinning ranks
         // must hand the core over at every idle round.
@@ -134,17 +134,16 @@ impl Communicator {
         let cores = crate::cpus::shared_cores(sharing.iter().map(|&j| table[j].cpus.as_str()))
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
         let yield_every = if local > cores { 1 } else { 64 };
-        if cfg.debug {
-            eprintln!(
-                "monel INFO rank {rank}: {local} ranks share this machine's {cores} cores; \
-                 waiting ranks {}",
-                if yield_every == 1 {
-                    "hand the core over at every idle round"
-                } else {
-                    "spin before sleeping"
-                }
-            );
-        }
+        tracing::info!(
+            target: "monel::init",
+            "rank {rank}: {local} ranks share this machine's {cores} cores; \
+             waiting ranks {}",
+            if yield_every == 1 {
+                "hand the core over at every idle round"
+            } else {
+                "spin before sleeping"
+            }
+        );
         let costs = tune::Costs::of(kinds(), local as f64 / cores as f64);
         let order = host_order(&table);
         let per_host = per_host(&table, &order);
@@ -162,16 +161,18 @@ impl Communicator {
                 net: of(false),
             }
         });
-        if cfg.debug && hosts.is_some() {
-            eprintln!(
-                "monel INFO rank {rank}: {} hosts of {per_host} ranks; large AllReduces may \
+        if hosts.is_some() {
+            tracing::info!(
+                target: "monel::init",
+                "rank {rank}: {} hosts of {per_host} ranks; large AllReduces may \
                  go hierarchical (rings inside hosts, a ring between them)",
                 nranks / per_host
             );
         }
-        if cfg.debug && order.iter().enumerate().any(|(k, &x)| k != x) {
-            eprintln!(
-                "monel INFO rank {rank}: rings and trees take the ranks in the order {order:?} \
+        if order.iter().enumerate().any(|(k, &x)| k != x) {
+            tracing::info!(
+                target: "monel::init",
+                "rank {rank}: rings and trees take the ranks in the order {order:?} \
                  (ranks of one host next to each other)"
             );
         }

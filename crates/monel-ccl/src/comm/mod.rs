@@ -321,14 +321,13 @@ impl Communicator {
             Some(sig) => sig,
             None => self.begin(coll, dtype, count, Some(algo)),
         };
-        if self.cfg.debug {
-            eprintln!(
-                "monel INFO rank {r}: {} via {} ({} steps)",
-                describe_sig(&sig),
-                algo.name(),
-                sched.steps.len()
-            );
-        }
+        tracing::info!(
+            target: "monel::coll",
+            "rank {r}: {} via {} ({} steps)",
+            describe_sig(&sig),
+            algo.name(),
+            sched.steps.len()
+        );
         self.last_path = algo.name();
         let res = self.execute(sig, &sched, &mut bufs, false);
         self.scratch = bufs.take_scratch();
@@ -685,10 +684,10 @@ fn part(i: usize) -> Result<u16> {
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        if self.cfg.debug {
+        if tracing::enabled!(target: "monel::net", tracing::Level::INFO) {
             for (j, l) in self.links.all().enumerate() {
                 if let Some((c, kind)) = l.and_then(|l| Some((l.counters()?, l.kind()))) {
-                    eprintln!("monel INFO rank {} -> {j} {kind}: {c}", self.rank);
+                    tracing::info!(target: "monel::net", "rank {} -> {j} {kind}: {c}", self.rank);
                 }
             }
         }

@@ -34,9 +34,10 @@ impl Communicator {
             return Err(e);
         }
         let (costs, hosts) = slowest(&records, self.hosts);
-        if self.cfg.debug && (costs != self.costs || hosts != self.hosts) {
-            eprintln!(
-                "monel INFO rank {}: the cost model takes the slowest links any rank has \
+        if costs != self.costs || hosts != self.hosts {
+            tracing::info!(
+                target: "monel::tuning",
+                "rank {}: the cost model takes the slowest links any rank has \
                  ({:.1} us, {:.2} GB/s per step{}), as every rank does",
                 self.rank,
                 costs.alpha * 1e6,

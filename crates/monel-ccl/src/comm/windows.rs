@@ -54,14 +54,13 @@ impl Communicator {
         recv: (*mut u8, Loc, usize),
     ) -> Result<()> {
         let sig = self.begin(coll, dtype, count, None);
-        if self.cfg.debug {
-            eprintln!(
-                "monel INFO rank {}: {} via window (loads and stores between the ranks' \
-                 shared buffers)",
-                self.rank,
-                describe_sig(&sig)
-            );
-        }
+        tracing::info!(
+            target: "monel::coll",
+            "rank {}: {} via window (loads and stores between the ranks' \
+             shared buffers)",
+            self.rank,
+            describe_sig(&sig)
+        );
         self.last_path = "window";
         let call = window::Call {
             coll,
@@ -120,17 +119,16 @@ impl Communicator {
                 Vec::new(),
             ),
         };
-        if self.cfg.debug {
-            eprintln!(
-                "monel INFO rank {}: window {id} of {len} bytes {}",
-                self.rank,
-                if region.shared() {
-                    "shared by every rank (collectives on it run directly)"
-                } else {
-                    "private (not every rank shares this host's memory)"
-                }
-            );
-        }
+        tracing::info!(
+            target: "monel::coll",
+            "rank {}: window {id} of {len} bytes {}",
+            self.rank,
+            if region.shared() {
+                "shared by every rank (collectives on it run directly)"
+            } else {
+                "private (not every rank shares this host's memory)"
+            }
+        );
         let region = Arc::new(region);
         self.windows.push(&region);
         Ok(Window::new(region))

@@ -1,0 +1,156 @@
+//! Logging: Monel's events go through `tracing`, so a host program routes them where it
+//! routes its own. Without a subscriber of the host's, `MONEL_DEBUG` and
+//! `MONEL_DEBUG_SUBSYS` (NCCL's `NCCL_DEBUG` and `NCCL_DEBUG_SUBSYS`) install one that writes
+//! `monel LEVEL message` lines to stderr.
+//!
+//! Subsystems are event targets: `INIT` (`monel::init`: the path each pair took, core
+//! sharing, host layout), `COLL` (`monel::coll`: how each collective ran), `TUNING`
+//! (`monel::tuning`: the cost model the ranks agreed on), `NET` (`monel::net`: transport
+//! counters when a communicator closes).
+
+use std::fmt;
+
+use tracing::level_filters::LevelFilter;
+use tracing::{Event, Subscriber};
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
+
+use crate::error::{CclError, Result};
+
+/// The subsystems and their targets.
+pub const SUBSYSTEMS: [(&str, &str); 4] = [
+    ("INIT", "monel::init"),
+    ("COLL", "monel::coll"),
+    ("TUNING", "monel::tuning"),
+    ("NET", "monel::net"),
+];
+
+/// The filter `MONEL_DEBUG` (`INFO`, `DEBUG`, `TRACE`; `WARN` or unset: nothing below a
+/// warning) and `MONEL_DEBUG_SUBSYS` (a comma list of subsystems, or `^` and those to leave
+/// out; `ALL` for all) ask for. `None`: logging off. A malformed value is an error naming
+/// the variable.
+pub fn filter_from(level: Option<&str>, subsys: Option<&str>) -> Result<Option<Targets>> {
+    let Some(level) = level.map(str::trim).filter(|l| !l.is_empty()) else {
+        return Ok(None);
+    };
+    let level = match level.to_ascii_uppercase().as_str() {
+        "VERSION" | "WARN" => LevelFilter::WARN,
+        "INFO" => LevelFilter::INFO,
+        "DEBUG" => LevelFilter::DEBUG,
+        "TRACE" => LevelFilter::TRACE,
+        _ => {
+            return Err(CclError::invalid(format!(
+                "MONEL_DEBUG={level:?}: want WARN, INFO, DEBUG or TRACE"
+            )));
+        }
+    };
+    let mut targets = Targets::new();
+    let subsys = subsys.map(str::trim).unwrap_or("ALL");
+    let (negate, list) = match subsys.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, subsys),
+    };
+    let mut named = Vec::new();
+    for s in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let s = s.to_ascii_uppercase();
+        if s == "ALL" {
+            named.extend(SUBSYSTEMS.iter().map(|&(_, t)| t));
+            continue;
+        }
+        let Some(&(_, target)) = SUBSYSTEMS.iter().find(|(n, _)| *n == s) else {
+            let names: Vec<&str> = SUBSYSTEMS.iter().map(|(n, _)| *n).collect();
+            return Err(CclError::invalid(format!(
+                "MONEL_DEBUG_SUBSYS={subsys:?}: {s} is not one of ALL, {}",
+                names.join(", ")
+            )));
+        };
+        named.push(target);
+    }
+    for (_, target) in SUBSYSTEMS {
+        let on = named.contains(&target) != negate;
+        targets = targets.with_target(target, if on { level } else { LevelFilter::OFF });
+    }
+    // Events outside the subsystems (warnings from any part of Monel) at the level asked.
+    Ok(Some(
+        targets.with_target("monel", level.max(LevelFilter::WARN)),
+    ))
+}
+
+/// Installs the stderr logger `MONEL_DEBUG` asks for, unless the host program installed a
+/// subscriber of its own (then Monel's events go there). Called by every communicator's
+/// init; harmless to call again.
+pub fn init_from_env() -> Result<()> {
+    let level = std::env::var("MONEL_DEBUG").ok();
+    let subsys = std::env::var("MONEL_DEBUG_SUBSYS").ok();
+    let Some(filter) = filter_from(level.as_deref(), subsys.as_deref())? else {
+        return Ok(());
+    };
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .event_format(Line);
+    let subscriber = tracing_subscriber::registry().with(fmt).with(filter);
+    // Fails when a subscriber is already set (the host's, or ours from an earlier call).
+    let _ = tracing::subscriber::set_global_default(subscriber);
+    Ok(())
+}
+
+/// `monel LEVEL message`, as the logs always read.
+struct Line;
+
+impl<S, N> FormatEvent<S, N> for Line
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut w: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        write!(w, "monel {} ", event.metadata().level())?;
+        ctx.field_format().format_fields(w.by_ref(), event)?;
+        writeln!(w)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enabled(t: &Targets, target: &str, level: tracing::Level) -> bool {
+        t.would_enable(target, &level)
+    }
+
+    #[test]
+    fn levels_and_subsystems_map_onto_targets() {
+        assert!(filter_from(None, Some("INIT")).unwrap().is_none());
+        let t = filter_from(Some("INFO"), None).unwrap().unwrap();
+        for (_, target) in SUBSYSTEMS {
+            assert!(enabled(&t, target, tracing::Level::INFO), "{target}");
+            assert!(!enabled(&t, target, tracing::Level::DEBUG), "{target}");
+        }
+        let t = filter_from(Some("trace"), Some("INIT,coll"))
+            .unwrap()
+            .unwrap();
+        assert!(enabled(&t, "monel::init", tracing::Level::TRACE));
+        assert!(enabled(&t, "monel::coll", tracing::Level::TRACE));
+        assert!(!enabled(&t, "monel::tuning", tracing::Level::ERROR));
+        let t = filter_from(Some("DEBUG"), Some("^COLL")).unwrap().unwrap();
+        assert!(!enabled(&t, "monel::coll", tracing::Level::WARN));
+        assert!(enabled(&t, "monel::net", tracing::Level::DEBUG));
+        assert!(enabled(&t, "monel::other", tracing::Level::WARN));
+    }
+
+    #[test]
+    fn bad_values_name_their_variable() {
+        let e = filter_from(Some("LOUD"), None).unwrap_err();
+        assert!(e.message.contains("MONEL_DEBUG="), "{e}");
+        let e = filter_from(Some("INFO"), Some("INIT,GRAPHICS")).unwrap_err();
+        assert!(e.message.contains("MONEL_DEBUG_SUBSYS"), "{e}");
+        assert!(e.message.contains("GRAPHICS"), "{e}");
+    }
+}
