@@ -4,7 +4,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
-use monel_fabric::{Report, SweepRow, evaluate, parse_design, svg_chart};
+use monel_fabric::{Report, SweepRow, evaluate, parse_design};
+
+use crate::chart;
 use monel_sched::Algorithm;
 
 #[derive(Debug, Args)]
@@ -27,7 +29,7 @@ enum FabricCmd {
         #[arg(long)]
         algorithm: Option<String>,
     },
-    /// Compare designs at several GPU counts; write CSV and SVG plots.
+    /// Compare designs at several GPU counts; write CSV and charts (SVG or PNG).
     Sweep {
         /// Designs (TOML), one line each in the plots.
         #[arg(required = true)]
@@ -38,8 +40,9 @@ enum FabricCmd {
         /// CSV output.
         #[arg(long)]
         csv: Option<PathBuf>,
-        /// SVG output: bus bandwidth against GPUs; with training steps, `-step.svg` too.
-        #[arg(long)]
+        /// Chart of bus bandwidth against GPUs, SVG or PNG by the extension; with training
+        /// steps, a `-step` chart beside it.
+        #[arg(long = "chart", alias = "svg", value_name = "FILE")]
         svg: Option<PathBuf>,
         /// Run every design with this algorithm too (`hier`, ...): one more line each, named
         /// with it.
@@ -134,25 +137,26 @@ pub(crate) fn run(a: &FabricArgs) -> anyhow::Result<()> {
                         })
                         .collect::<Vec<_>>()
                 };
-                let bw = svg_chart(
+                chart::draw(
+                    p,
                     "Bus bandwidth",
                     "GPUs",
                     "busbw (GB/s)",
                     &series(&|r| Some(r.busbw / 1e9)),
-                );
-                std::fs::write(p, bw).with_context(|| format!("writing {}", p.display()))?;
+                )?;
                 if rows.iter().any(|r| r.step_s.is_some()) {
-                    let step = svg_chart(
+                    let ext = p.extension().and_then(|s| s.to_str()).unwrap_or("svg");
+                    let q = p.with_file_name(format!(
+                        "{}-step.{ext}",
+                        p.file_stem().and_then(|s| s.to_str()).unwrap_or("sweep")
+                    ));
+                    chart::draw(
+                        &q,
                         "Training step time",
                         "GPUs",
                         "step (ms)",
                         &series(&|r| r.step_s.map(|s| s * 1e3)),
-                    );
-                    let q = p.with_file_name(format!(
-                        "{}-step.svg",
-                        p.file_stem().and_then(|s| s.to_str()).unwrap_or("sweep")
-                    ));
-                    std::fs::write(&q, step).with_context(|| format!("writing {}", q.display()))?;
+                    )?;
                 }
             }
         }

@@ -1,6 +1,7 @@
 //! `monel`: the command-line face of Monel. Thin over the libraries.
 
 mod bench;
+mod chart;
 mod connect;
 mod demo;
 mod devices;

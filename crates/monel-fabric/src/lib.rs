@@ -9,11 +9,10 @@
 //!                                --> engine::lockstep (symmetric algorithms, 100,000 GPUs)
 //!                                --> engine::packet (PFC, ECN, DCQCN)
 //! scenario: collectives (NCCL-style channels on NIC rails), training steps, cost
-//! design (config: TOML in) --> report (text, sweep rows) --> chart
+//! design (config: TOML in) --> report (text, sweep rows; `monel fabric sweep` charts them)
 //! ```
 //! Everything is deterministic: the same inputs give the same answer, bit for bit.
 
-mod chart;
 pub mod cluster;
 mod config;
 mod design;
@@ -25,7 +24,6 @@ pub mod scenario;
 pub mod topology;
 pub mod units;
 
-pub use chart::svg_chart;
 pub use cluster::{Cluster, Server};
 pub use config::parse_design;
 pub use design::{Design, Transport};
