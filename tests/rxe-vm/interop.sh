@@ -27,7 +27,7 @@ sleep 1
 fail=0
 pp() { ip netns exec "$NS" timeout 120 "$monel" pingpong -d 10.77.0.1 -n "$iters" -c --counters --timeout 90 "$@"; }
 # One line per run: the rate, and the host's ICRC verdicts on rxe's packets (rxe numbers its
-# IP IDs, which a UDP socket cannot see; Monel solves for them, see README).
+# IP IDs, which a UDP socket cannot see; Monel solves for them, see docs/interop.md).
 summary() { echo "$(echo "$1" | grep usec/iter); $(echo "$1" | awk '/^(icrc_errors|icrc_ip_id_solved|rx_packets|tx_segmented|qp_retransmitted|qp_duplicate_requests) /{printf "%s=%s ", $1, $2}')"; }
 icrc_ok() { echo "$1" | grep -qE "^icrc_errors +0$"; }
 # Messages of many packets leave in GSO messages, each segment's ICRC computed for the IPv4

@@ -1,5 +1,5 @@
 //! `monel transfer [SERVER] -s SIZE`: one verified bulk RDMA WRITE (see
-//! `monel_verbs::transfer`), with goodput, the QP's recovery counters and DCQCN's reaction.
+//! `tools::transfer`), with goodput, the QP's recovery counters and DCQCN's reaction.
 
 use crate::tools::transfer::{self, TransferOptions};
 use anyhow::{Context as _, bail};

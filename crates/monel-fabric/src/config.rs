@@ -43,23 +43,9 @@ struct Section<'a> {
 }
 
 fn closest<'k>(key: &str, allowed: &[&'k str]) -> Option<&'k str> {
-    fn dist(a: &str, b: &str) -> usize {
-        let b: Vec<char> = b.chars().collect();
-        let mut row: Vec<usize> = (0..=b.len()).collect();
-        for (i, ca) in a.chars().enumerate() {
-            let mut prev = row[0];
-            row[0] = i + 1;
-            for (j, &cb) in b.iter().enumerate() {
-                let cur = row[j + 1];
-                row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
-                prev = cur;
-            }
-        }
-        row[b.len()]
-    }
     allowed
         .iter()
-        .map(|&a| (dist(key, a), a))
+        .map(|&a| (strsim::levenshtein(key, a), a))
         .min()
         .filter(|&(d, a)| d <= a.len() / 2 + 1)
         .map(|(_, a)| a)

@@ -118,7 +118,7 @@ impl CollectiveKind {
         let key = squash(s);
         Self::ALL
             .into_iter()
-            .map(|k| (edit_distance(&key, &squash(k.name())), k))
+            .map(|k| (strsim::levenshtein(&key, &squash(k.name())), k))
             .filter(|&(d, _)| d <= 3)
             .min_by_key(|&(d, _)| d)
             .map(|(_, k)| k)
@@ -165,22 +165,6 @@ fn squash(s: &str) -> String {
         .filter(|c| !matches!(c, '_' | '-' | ' '))
         .map(|c| c.to_ascii_lowercase())
         .collect()
-}
-
-/// Levenshtein distance (short names only: quadratic).
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
-        }
-    }
-    row[b.len()]
 }
 
 impl Collective {

@@ -1,7 +1,7 @@
 //! The cost model that picks an algorithm: time = steps x alpha + bytes on the critical path
 //! / beta (NCCL's `lat * steps + bytes / bw`), with alpha and beta per transport, calibrated
 //! on this project's 2-core development machine with `monel bench` and `MONEL_ALGO` forced
-//! to each algorithm (see the README). `MONEL_ALGO` overrides the choice.
+//! to each algorithm (see `docs/collectives.md`). `MONEL_ALGO` overrides the choice.
 
 use crate::plan::{Algorithm, Collective};
 
