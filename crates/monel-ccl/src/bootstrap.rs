@@ -2,11 +2,13 @@
 //! environment of torchrun, Slurm or mpirun; a TCP rendezvous at the root that hands every
 //! rank the table of everyone's addresses; then a full mesh of links.
 
+use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use crate::accept::Greeter;
 use crate::error::{CclError, Result};
 
 const MAGIC_BOOT: &[u8; 4] = b"MNL2";
@@ -245,82 +247,118 @@ pub(crate) fn serve_at(addr: SocketAddr, token: [u8; 16]) -> Result<()> {
     Ok(())
 }
 
+/// Most ranks a communicator may have (frame headers carry a root in 24 bits).
+pub(crate) const MAX_RANKS: usize = 1 << 24;
+
+/// Different rank counts the root keeps registrations for at once (a real job has one; each
+/// forged count gets a group of its own, which never fills).
+const MAX_GROUPS: usize = 8;
+
+/// How long a connection may take to send its registration.
+const REGISTRATION_TIME: Duration = Duration::from_secs(5);
+
+/// One rank's registration: token, rank count, rank, and its five address strings.
+type Registration = ([u8; 16], u32, u32, [String; 5]);
+
+fn read_registration(s: &mut TcpStream) -> std::io::Result<Registration> {
+    let mut m = [0u8; 4];
+    s.read_exact(&mut m)?;
+    if &m != MAGIC_BOOT {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not a Monel registration",
+        ));
+    }
+    let mut t = [0u8; 16];
+    s.read_exact(&mut t)?;
+    let n = get_u32(s)?;
+    let r = get_u32(s)?;
+    let addrs = [
+        get_str(s)?,
+        get_str(s)?,
+        get_str(s)?,
+        get_str(s)?,
+        get_str(s)?,
+    ];
+    Ok((t, n, r, addrs))
+}
+
+fn refuse(mut s: TcpStream, why: &str) {
+    let mut out = MAGIC_BOOT.to_vec();
+    out.push(1);
+    put_str(&mut out, why);
+    let _ = s.write_all(&out);
+}
+
 /// The root: collects one registration per rank, then sends everyone the table.
-/// Registrations with a wrong token or rank count are refused with a message.
+///
+/// Every connection is read on its own ([`crate::accept`]), so silent ones delay nobody.
+/// Registrations are kept by the rank count they claim, and the first count whose ranks all
+/// registered forms the communicator: a registration claiming another count (or an absurd
+/// one) cannot lock the real ranks out or make the root allocate for it. A wrong token, a
+/// rank out of range or a rank already taken is refused with a message.
 fn serve_root(l: TcpListener, token: [u8; 16]) {
     std::thread::Builder::new()
         .name("monel-root".into())
         .spawn(move || {
-            let mut ranks: Vec<Option<(TcpStream, [String; 5])>> = Vec::new();
-            let mut nranks = 0usize;
-            for conn in l.incoming() {
-                let Ok(mut s) = conn else { continue };
-                let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-                let reg = (|| -> std::io::Result<(Vec<u8>, u32, u32, [String; 5])> {
-                    let mut m = [0u8; 4];
-                    s.read_exact(&mut m)?;
-                    if &m != MAGIC_BOOT {
-                        return Err(std::io::ErrorKind::InvalidData.into());
-                    }
-                    let mut t = vec![0u8; 16];
-                    s.read_exact(&mut t)?;
-                    let n = get_u32(&mut s)?;
-                    let r = get_u32(&mut s)?;
-                    let addrs = [
-                        get_str(&mut s)?,
-                        get_str(&mut s)?,
-                        get_str(&mut s)?,
-                        get_str(&mut s)?,
-                        get_str(&mut s)?,
-                    ];
-                    Ok((t, n, r, addrs))
-                })();
-                let Ok((t, n, r, addrs)) = reg else {
+            let Ok(mut greeter) =
+                Greeter::new(l, read_registration, REGISTRATION_TIME, "rendezvous")
+            else {
+                return;
+            };
+            let mut groups: HashMap<usize, BTreeMap<usize, (TcpStream, [String; 5])>> =
+                HashMap::new();
+            let formed = loop {
+                let Ok(next) = greeter.poll() else { return };
+                let Some((s, peer, (t, n, r, addrs))) = next else {
+                    std::thread::sleep(Duration::from_millis(1));
                     continue;
                 };
-                let refuse = |mut s: TcpStream, why: String| {
-                    let mut out = MAGIC_BOOT.to_vec();
-                    out.push(1);
-                    put_str(&mut out, &why);
-                    let _ = s.write_all(&out);
+                let (n, r) = (n as usize, r as usize);
+                let why = if t != token {
+                    Some("wrong unique id: this rendezvous serves another communicator".into())
+                } else if n == 0 || n > MAX_RANKS {
+                    Some(format!("rank count {n} is not in 1..={MAX_RANKS}"))
+                } else if r >= n {
+                    Some(format!("rank {r} is out of range for {n} ranks"))
+                } else if !groups.contains_key(&n) && groups.len() >= MAX_GROUPS {
+                    Some(format!(
+                        "too many different rank counts claimed; {n} refused"
+                    ))
+                } else if groups.get(&n).is_some_and(|g| g.contains_key(&r)) {
+                    Some(format!("rank {r} is already taken"))
+                } else {
+                    None
                 };
-                if t != token {
-                    refuse(
-                        s,
-                        "wrong unique id: this rendezvous serves another communicator".into(),
-                    );
+                if let Some(why) = why {
+                    greeter.drop_one(peer, &why);
+                    refuse(s, &why);
                     continue;
                 }
-                if nranks == 0 {
-                    nranks = n as usize;
-                    ranks = (0..nranks).map(|_| None).collect();
+                let group = groups.entry(n).or_default();
+                group.insert(r, (s, addrs));
+                if group.len() == n {
+                    break n;
                 }
-                if n as usize != nranks {
-                    refuse(
-                        s,
-                        format!("rank count {n} differs from the {nranks} other ranks gave"),
-                    );
-                    continue;
-                }
-                let r = r as usize;
-                if r >= nranks || ranks[r].is_some() {
-                    refuse(s, format!("rank {r} is out of range or already taken"));
-                    continue;
-                }
-                ranks[r] = Some((s, addrs));
-                if ranks.iter().all(Option::is_some) {
-                    break;
-                }
-            }
+            };
+            let ranks = groups.remove(&formed).unwrap_or_default();
             let mut table = MAGIC_BOOT.to_vec();
             table.push(0);
-            for (_, addrs) in ranks.iter().flatten() {
+            for (_, addrs) in ranks.values() {
                 for a in addrs {
                     put_str(&mut table, a);
                 }
             }
-            for (mut s, _) in ranks.into_iter().flatten() {
+            for (_, (mut s, _)) in ranks {
                 let _ = s.write_all(&table);
+            }
+            for (n, group) in groups {
+                for (_, (s, _)) in group {
+                    refuse(
+                        s,
+                        &format!("a communicator of {formed} ranks formed, not one of {n}"),
+                    );
+                }
             }
         })
         .expect("spawn rendezvous thread");
@@ -415,8 +453,29 @@ pub(crate) fn rendezvous(
     Ok(table)
 }
 
+/// How long a connection to the mesh listener may take to say who it is.
+const HELLO_TIME: Duration = Duration::from_secs(5);
+
+/// A mesh connection's hello: the token and the dialer's rank.
+fn read_hello(s: &mut TcpStream) -> std::io::Result<([u8; 16], u32)> {
+    let mut h = [0u8; 24];
+    s.read_exact(&mut h)?;
+    if &h[..4] != MAGIC_HELLO {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not a Monel hello",
+        ));
+    }
+    let t = h[4..20].try_into().expect("16 bytes");
+    Ok((
+        t,
+        u32::from_le_bytes(h[20..24].try_into().expect("4 bytes")),
+    ))
+}
+
 /// Connects the full mesh: dials every lower rank, accepts every higher one. Each
-/// connection opens with the token and the dialer's rank.
+/// connection opens with the token and the dialer's rank; the listener reads every
+/// connection's hello on its own, so a silent or garbled one delays nobody.
 pub(crate) fn mesh(
     listener: &TcpListener,
     table: &[PeerAddrs],
@@ -441,37 +500,33 @@ pub(crate) fn mesh(
             .map_err(|e| CclError::io(format!("rank {rank}: hello to rank {j}"), e))?;
         out[j] = Some(s);
     }
-    listener
-        .set_nonblocking(true)
+    let listener = listener
+        .try_clone()
+        .map_err(|e| CclError::io("listener", e))?;
+    let mut greeter = Greeter::new(listener, read_hello, HELLO_TIME, "mesh")
         .map_err(|e| CclError::io("listener", e))?;
     while out.iter().enumerate().any(|(j, s)| j > rank && s.is_none()) {
-        match listener.accept() {
-            Ok((mut s, _)) => {
-                s.set_nonblocking(false)
-                    .map_err(|e| CclError::io("accept", e))?;
-                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-                let mut h = [0u8; 24];
-                if s.read_exact(&mut h).is_err() || &h[..4] != MAGIC_HELLO || h[4..20] != token {
-                    continue; // not one of ours: ignore it
-                }
-                let j = u32::from_le_bytes(h[20..24].try_into().expect("4")) as usize;
-                if j > rank && j < n && out[j].is_none() {
+        match greeter.poll().map_err(|e| CclError::io("accept", e))? {
+            Some((s, peer, (t, j))) => {
+                let j = j as usize;
+                if t != token {
+                    greeter.drop_one(peer, "wrong token: not a rank of this communicator");
+                } else if j <= rank || j >= n || out[j].is_some() {
+                    greeter.drop_one(peer, &format!("rank {j} is not expected here"));
+                } else {
                     let _ = s.set_read_timeout(None);
                     out[j] = Some(s);
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    let missing: Vec<usize> = (rank + 1..n).filter(|&j| out[j].is_none()).collect();
-                    return Err(CclError::new(
-                        crate::ErrorKind::Timeout,
-                        format!("rank {rank}: ranks {missing:?} never connected"),
-                    )
-                    .with_ranks(missing));
-                }
-                std::thread::sleep(Duration::from_millis(2));
+            None if Instant::now() >= deadline => {
+                let missing: Vec<usize> = (rank + 1..n).filter(|&j| out[j].is_none()).collect();
+                return Err(CclError::new(
+                    crate::ErrorKind::Timeout,
+                    format!("rank {rank}: ranks {missing:?} never connected"),
+                )
+                .with_ranks(missing));
             }
-            Err(e) => return Err(CclError::io("accept", e)),
+            None => std::thread::sleep(Duration::from_millis(1)),
         }
     }
     Ok(out)

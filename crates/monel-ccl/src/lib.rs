@@ -13,6 +13,7 @@
 //!
 //! The schedules themselves are plain data in `monel-sched`, which also runs them in memory.
 
+mod accept;
 mod bootstrap;
 mod comm;
 mod cpus;

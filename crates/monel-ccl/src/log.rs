@@ -3,6 +3,7 @@
 //! `MONEL_DEBUG_SUBSYS` (NCCL's `NCCL_DEBUG` and `NCCL_DEBUG_SUBSYS`) install one that writes
 //! `monel LEVEL message` lines to stderr.
 //!
+//! Warnings (a hostile connection dropped, say) print even without `MONEL_DEBUG`.
 //! Subsystems are event targets: `INIT` (`monel::init`: the path each pair took, core
 //! sharing, host layout), `COLL` (`monel::coll`: how each collective ran), `TUNING`
 //! (`monel::tuning`: the cost model the ranks agreed on), `NET` (`monel::net`: transport
@@ -28,13 +29,13 @@ pub const SUBSYSTEMS: [(&str, &str); 4] = [
     ("NET", "monel::net"),
 ];
 
-/// The filter `MONEL_DEBUG` (`INFO`, `DEBUG`, `TRACE`; `WARN` or unset: nothing below a
-/// warning) and `MONEL_DEBUG_SUBSYS` (a comma list of subsystems, or `^` and those to leave
-/// out; `ALL` for all) ask for. `None`: logging off. A malformed value is an error naming
-/// the variable.
-pub fn filter_from(level: Option<&str>, subsys: Option<&str>) -> Result<Option<Targets>> {
+/// The filter `MONEL_DEBUG` (`INFO`, `DEBUG`, `TRACE`; `WARN` or unset: warnings only,
+/// such as a dropped hostile connection) and `MONEL_DEBUG_SUBSYS` (a comma list of
+/// subsystems, or `^` and those to leave out; `ALL` for all) ask for. A malformed value is
+/// an error naming the variable.
+pub fn filter_from(level: Option<&str>, subsys: Option<&str>) -> Result<Targets> {
     let Some(level) = level.map(str::trim).filter(|l| !l.is_empty()) else {
-        return Ok(None);
+        return Ok(Targets::new().with_target("monel", LevelFilter::WARN));
     };
     let level = match level.to_ascii_uppercase().as_str() {
         "VERSION" | "WARN" => LevelFilter::WARN,
@@ -74,20 +75,17 @@ pub fn filter_from(level: Option<&str>, subsys: Option<&str>) -> Result<Option<T
         targets = targets.with_target(target, if on { level } else { LevelFilter::OFF });
     }
     // Events outside the subsystems (warnings from any part of Monel) at the level asked.
-    Ok(Some(
-        targets.with_target("monel", level.max(LevelFilter::WARN)),
-    ))
+    Ok(targets.with_target("monel", level.max(LevelFilter::WARN)))
 }
 
-/// Installs the stderr logger `MONEL_DEBUG` asks for, unless the host program installed a
-/// subscriber of its own (then Monel's events go there). Called by every communicator's
-/// init; harmless to call again.
+/// Installs the stderr logger `MONEL_DEBUG` asks for (warnings only when it is unset),
+/// unless the host program installed a subscriber of its own (then Monel's events go
+/// there). Called by every communicator's init and by the `monel` binary; harmless to call
+/// again.
 pub fn init_from_env() -> Result<()> {
     let level = std::env::var("MONEL_DEBUG").ok();
     let subsys = std::env::var("MONEL_DEBUG_SUBSYS").ok();
-    let Some(filter) = filter_from(level.as_deref(), subsys.as_deref())? else {
-        return Ok(());
-    };
+    let filter = filter_from(level.as_deref(), subsys.as_deref())?;
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .event_format(Line);
@@ -127,19 +125,19 @@ mod tests {
 
     #[test]
     fn levels_and_subsystems_map_onto_targets() {
-        assert!(filter_from(None, Some("INIT")).unwrap().is_none());
-        let t = filter_from(Some("INFO"), None).unwrap().unwrap();
+        let t = filter_from(None, Some("INIT")).unwrap();
+        assert!(enabled(&t, "monel::init", tracing::Level::WARN));
+        assert!(!enabled(&t, "monel::init", tracing::Level::INFO));
+        let t = filter_from(Some("INFO"), None).unwrap();
         for (_, target) in SUBSYSTEMS {
             assert!(enabled(&t, target, tracing::Level::INFO), "{target}");
             assert!(!enabled(&t, target, tracing::Level::DEBUG), "{target}");
         }
-        let t = filter_from(Some("trace"), Some("INIT,coll"))
-            .unwrap()
-            .unwrap();
+        let t = filter_from(Some("trace"), Some("INIT,coll")).unwrap();
         assert!(enabled(&t, "monel::init", tracing::Level::TRACE));
         assert!(enabled(&t, "monel::coll", tracing::Level::TRACE));
         assert!(!enabled(&t, "monel::tuning", tracing::Level::ERROR));
-        let t = filter_from(Some("DEBUG"), Some("^COLL")).unwrap().unwrap();
+        let t = filter_from(Some("DEBUG"), Some("^COLL")).unwrap();
         assert!(!enabled(&t, "monel::coll", tracing::Level::WARN));
         assert!(enabled(&t, "monel::net", tracing::Level::DEBUG));
         assert!(enabled(&t, "monel::other", tracing::Level::WARN));

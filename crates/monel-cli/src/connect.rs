@@ -28,9 +28,10 @@ pub(crate) struct ConnArgs {
     /// Busy-poll (progress thread and completion polling spin).
     #[arg(long)]
     pub(crate) busy: bool,
-    /// Shared secret for the connection setup.
-    #[arg(long)]
-    pub(crate) secret: Option<String>,
+    /// File holding the shared secret for the connection setup (`MONEL_SECRET` otherwise;
+    /// a secret on the command line would show in `ps`).
+    #[arg(long = "secret-file", value_name = "FILE")]
+    pub(crate) secret_file: Option<std::path::PathBuf>,
     /// UDP port of the RNIC.
     #[arg(long = "udp-port", default_value_t = 4791)]
     pub(crate) udp_port: u16,
@@ -93,7 +94,7 @@ pub(crate) fn open(
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(8192)?;
     let cfg = CmConfig {
-        secret: a.secret.as_ref().map(|s| s.as_bytes().to_vec()),
+        secret: secret(a)?,
         mtu,
         timeout: Duration::from_secs(60),
         ..CmConfig::default()
@@ -126,13 +127,18 @@ pub(crate) fn open(
             cm::connect(SocketAddr::new(ip, a.port), &qp, Some(bi), &cfg)?
         }
         None => {
-            let any: IpAddr = if dev.gid(0)?.gid.to_ip().is_ipv4() {
-                "0.0.0.0"
-            } else {
-                "::"
-            }
-            .parse()?;
-            Listener::bind(SocketAddr::new(any, a.port))?.accept(&qp, Some(bi), &cfg)?
+            // Listen on the device's own address only, and keep serving until a client
+            // completes the handshake: a garbled, silent or unauthenticated connection is
+            // dropped and logged, not the end of the server.
+            let g = dev.gid(dev.ipv4_gid_index().unwrap_or(0))?;
+            let at = match g.gid.to_ip() {
+                IpAddr::V6(ip) => {
+                    SocketAddr::V6(std::net::SocketAddrV6::new(ip, a.port, 0, g.ifindex))
+                }
+                ip => SocketAddr::new(ip, a.port),
+            };
+            let l = Listener::bind(at).with_context(|| format!("listen on {at}"))?;
+            l.serve(&qp, Some(bi), &cfg, None)?
         }
     };
     Ok(Session {
@@ -145,4 +151,27 @@ pub(crate) fn open(
         is_client: server.is_some(),
         _pd: pd,
     })
+}
+
+/// The shared secret: the file `--secret-file` names (trailing newline ignored), else
+/// `MONEL_SECRET`, else none.
+fn secret(a: &ConnArgs) -> anyhow::Result<Option<Vec<u8>>> {
+    let s = match &a.secret_file {
+        Some(p) => {
+            let mut b =
+                std::fs::read(p).with_context(|| format!("--secret-file {}", p.display()))?;
+            while b.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
+                b.pop();
+            }
+            b
+        }
+        None => match std::env::var_os("MONEL_SECRET") {
+            Some(v) => v.into_encoded_bytes(),
+            None => return Ok(None),
+        },
+    };
+    if s.is_empty() {
+        anyhow::bail!("the shared secret is empty");
+    }
+    Ok(Some(s))
 }

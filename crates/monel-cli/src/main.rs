@@ -57,7 +57,9 @@ enum Cmd {
 }
 
 fn main() -> anyhow::Result<()> {
-    match Cli::parse().cmd {
+    let cli = Cli::parse();
+    monel_ccl::log::init_from_env()?;
+    match cli.cmd {
         Cmd::Demo(a) => demo::run(&a),
         Cmd::Sim(a) => sim::run(&a),
         Cmd::Dump(a) => dump::run(&a),

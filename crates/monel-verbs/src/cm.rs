@@ -19,6 +19,8 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
@@ -281,6 +283,7 @@ fn bring_up(qp: &QueuePair, cfg: &CmConfig, p: &Params, mtu: Mtu, psn: Psn) -> R
 #[derive(Debug)]
 pub struct Listener {
     tcp: TcpListener,
+    dropped: AtomicUsize,
 }
 
 impl Listener {
@@ -288,6 +291,7 @@ impl Listener {
     pub fn bind(addr: SocketAddr) -> Result<Self> {
         Ok(Self {
             tcp: TcpListener::bind(addr).map_err(io)?,
+            dropped: AtomicUsize::new(0),
         })
     }
     /// The bound address.
@@ -295,7 +299,9 @@ impl Listener {
         self.tcp.local_addr().map_err(io)
     }
 
-    /// Accepts one connection for `qp` (in RESET or INIT), offering `buf`.
+    /// Accepts one connection for `qp` (in RESET or INIT), offering `buf`. The first
+    /// connection decides: if it fails its handshake, so does this call (see
+    /// [`Self::serve`] for a server that keeps serving).
     pub fn accept(
         &self,
         qp: &QueuePair,
@@ -303,51 +309,185 @@ impl Listener {
         cfg: &CmConfig,
     ) -> Result<Connection> {
         let (mut s, _) = self.tcp.accept().map_err(io)?;
-        s.set_read_timeout(Some(cfg.timeout)).map_err(io)?;
-        s.set_nodelay(true).map_err(io)?;
-        let secret = cfg.secret.as_deref();
-        let ns = nonce();
-        let mut hello = HELLO.to_vec();
-        hello.push(u8::from(secret.is_some()));
-        hello.extend_from_slice(&ns);
-        send(&mut s, &hello)?;
-        let req = recv(&mut s, REQ)?;
-        if req.len() != 8 + PARAMS_LEN + 16 + 32 {
-            return Err(peer("request has the wrong length"));
-        }
-        let body = &req[..8 + PARAMS_LEN + 16];
-        let nc = &req[8 + PARAMS_LEN..8 + PARAMS_LEN + 16];
-        if let Err(e) = verify(
-            secret,
-            &[b"client", &ns, body],
-            &req[body.len()..],
-            "client",
-        ) {
-            let mut rep = REP.to_vec();
-            rep.push(1);
-            let _ = send(&mut s, &rep);
-            return Err(e);
-        }
-        let theirs = Params::get(&req[8..])?;
-        let mtu = mtu_of(theirs.mtu.min(mtu_code(cfg.mtu)));
-        let gid = qp_gid(qp, cfg)?;
-        let psn = random_psn();
-        let remote = bring_up(qp, cfg, &theirs, mtu, psn)?;
-        let mut rep = REP.to_vec();
-        rep.push(0);
-        local_params(qp, cfg, buf, gid, psn)?.put(&mut rep);
-        let m = mac(secret, &[b"server", nc, body, &rep]);
-        rep.extend_from_slice(&m);
-        send(&mut s, &rep)?;
-        let rdy = recv(&mut s, RDY)?;
-        verify(secret, &[b"ready", &ns, nc], &rdy[8..], "client")?;
-        Ok(Connection {
-            remote,
-            remote_buf: theirs.buf,
-            mtu,
-            stream: s,
-        })
+        let g = greet(&mut s, cfg)?;
+        finish(s, g, qp, buf, cfg)
     }
+
+    /// Serves connections until one completes the handshake for `qp` (in RESET or INIT),
+    /// offering `buf`, or `wait` passes (`None`: no limit). Every connection is read on a
+    /// thread of its own until it has sent a valid request (within `cfg.timeout`), so a
+    /// silent, slow or garbled one holds up nobody; one that fails is dropped, logged with
+    /// its reason and counted ([`Self::dropped`]), and the QP goes back to RESET if the
+    /// failure came after it was brought up.
+    pub fn serve(
+        &self,
+        qp: &QueuePair,
+        buf: Option<BufferInfo>,
+        cfg: &CmConfig,
+        wait: Option<Duration>,
+    ) -> Result<Connection> {
+        let deadline = wait.map(|w| Instant::now() + w);
+        self.tcp.set_nonblocking(true).map_err(io)?;
+        let (tx, rx) = mpsc::channel::<(TcpStream, SocketAddr, Result<Greeted>)>();
+        let pending = Arc::new(AtomicUsize::new(0));
+        let out = 'serve: loop {
+            loop {
+                match self.tcp.accept() {
+                    Ok((s, from)) => self.greet_apart(s, from, cfg, &tx, &pending),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::Interrupted
+                                | std::io::ErrorKind::ConnectionAborted
+                                | std::io::ErrorKind::ConnectionReset
+                        ) => {}
+                    Err(e) => break 'serve Err(io(e)),
+                }
+            }
+            match rx.try_recv() {
+                Ok((s, from, Ok(g))) => match finish(s, g, qp, buf, cfg) {
+                    Ok(c) => break Ok(c),
+                    Err(e) => {
+                        self.dropped_one(from, &e);
+                        qp.modify(
+                            &crate::QpAttr {
+                                qp_state: crate::QpState::Reset,
+                                ..crate::QpAttr::default()
+                            },
+                            crate::AttrMask::STATE,
+                        )?;
+                    }
+                },
+                Ok((_, from, Err(e))) => self.dropped_one(from, &e),
+                Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    break Err(VerbsError::new(
+                        V,
+                        ErrorKind::Timeout("no client completed the handshake".into()),
+                    ));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        };
+        let _ = self.tcp.set_nonblocking(false);
+        out
+    }
+
+    /// Connections [`Self::serve`] dropped so far.
+    pub fn dropped(&self) -> usize {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    fn dropped_one(&self, from: SocketAddr, e: &VerbsError) {
+        let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::warn!(target: "monel::cm", "dropped a connection from {from} ({n} so far): {e}");
+    }
+
+    /// Reads `s`'s request on a thread of its own; the outcome goes to `tx`.
+    fn greet_apart(
+        &self,
+        s: TcpStream,
+        from: SocketAddr,
+        cfg: &CmConfig,
+        tx: &mpsc::Sender<(TcpStream, SocketAddr, Result<Greeted>)>,
+        pending: &Arc<AtomicUsize>,
+    ) {
+        if pending.load(Ordering::Acquire) >= MAX_PENDING {
+            self.dropped_one(from, &peer("too many connections still handshaking"));
+            return;
+        }
+        pending.fetch_add(1, Ordering::AcqRel);
+        let (tx, pending2, cfg) = (tx.clone(), pending.clone(), cfg.clone());
+        let spawned = std::thread::Builder::new()
+            .name("monel-cm".into())
+            .spawn(move || {
+                let mut s = s;
+                let g = s
+                    .set_nonblocking(false)
+                    .map_err(io)
+                    .and_then(|()| greet(&mut s, &cfg));
+                pending2.fetch_sub(1, Ordering::AcqRel);
+                let _ = tx.send((s, from, g));
+            });
+        if spawned.is_err() {
+            pending.fetch_sub(1, Ordering::AcqRel);
+            self.dropped_one(from, &peer("no thread to serve it"));
+        }
+    }
+}
+
+/// Connections [`Listener::serve`] reads at once, at most; more are closed at once.
+const MAX_PENDING: usize = 64;
+
+/// A request the server read and checked, before any QP was touched.
+struct Greeted {
+    /// The server's nonce.
+    ns: [u8; 16],
+    req: Vec<u8>,
+}
+
+/// The server's first half: HELLO out, the client's REQUEST in, its length checked and,
+/// with a secret, its MAC verified. Touches no QP.
+fn greet(s: &mut TcpStream, cfg: &CmConfig) -> Result<Greeted> {
+    s.set_read_timeout(Some(cfg.timeout)).map_err(io)?;
+    s.set_nodelay(true).map_err(io)?;
+    let secret = cfg.secret.as_deref();
+    let ns = nonce();
+    let mut hello = HELLO.to_vec();
+    hello.push(u8::from(secret.is_some()));
+    hello.extend_from_slice(&ns);
+    send(s, &hello)?;
+    let req = recv(s, REQ)?;
+    if req.len() != 8 + PARAMS_LEN + 16 + 32 {
+        return Err(peer("request has the wrong length"));
+    }
+    let body = &req[..8 + PARAMS_LEN + 16];
+    if let Err(e) = verify(
+        secret,
+        &[b"client", &ns, body],
+        &req[body.len()..],
+        "client",
+    ) {
+        let mut rep = REP.to_vec();
+        rep.push(1);
+        let _ = send(s, &rep);
+        return Err(e);
+    }
+    Params::get(&req[8..])?;
+    Ok(Greeted { ns, req })
+}
+
+/// The server's second half: the QP brought up towards the client, REPLY, READY.
+fn finish(
+    mut s: TcpStream,
+    g: Greeted,
+    qp: &QueuePair,
+    buf: Option<BufferInfo>,
+    cfg: &CmConfig,
+) -> Result<Connection> {
+    let secret = cfg.secret.as_deref();
+    let (ns, req) = (g.ns, g.req);
+    let body = &req[..8 + PARAMS_LEN + 16];
+    let nc = &req[8 + PARAMS_LEN..8 + PARAMS_LEN + 16];
+    let theirs = Params::get(&req[8..])?;
+    let mtu = mtu_of(theirs.mtu.min(mtu_code(cfg.mtu)));
+    let gid = qp_gid(qp, cfg)?;
+    let psn = random_psn();
+    let remote = bring_up(qp, cfg, &theirs, mtu, psn)?;
+    let mut rep = REP.to_vec();
+    rep.push(0);
+    local_params(qp, cfg, buf, gid, psn)?.put(&mut rep);
+    let m = mac(secret, &[b"server", nc, body, &rep]);
+    rep.extend_from_slice(&m);
+    send(&mut s, &rep)?;
+    let rdy = recv(&mut s, RDY)?;
+    verify(secret, &[b"ready", &ns, nc], &rdy[8..], "client")?;
+    Ok(Connection {
+        remote,
+        remote_buf: theirs.buf,
+        mtu,
+        stream: s,
+    })
 }
 
 fn qp_gid(qp: &QueuePair, cfg: &CmConfig) -> Result<Gid> {

@@ -187,3 +187,70 @@ fn two_devices_on_one_address_meet_through_their_own_ports() {
     let got = srv.join().unwrap();
     assert!(got.iter().enumerate().all(|(i, &x)| x == (i % 251) as u8));
 }
+
+/// A serving listener outlives hostile connections: garbage, an oversized length prefix, a
+/// client without the secret, and silent connections held open all the while are dropped
+/// (and counted), and the real client that comes after them connects and reads the
+/// server's memory.
+#[test]
+fn a_serving_listener_survives_hostile_connections_and_serves_the_real_client() {
+    let (x, port) = (76u8, 24806);
+    let l = Listener::bind(format!("127.0.0.{x}:0").parse().unwrap()).unwrap();
+    let addr: SocketAddr = l.local_addr().unwrap();
+    // Silent connections, opened first and kept open until the end.
+    let silent: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let mut garbage = TcpStream::connect(addr).unwrap();
+    garbage.write_all(&[0x5a; 200]).unwrap();
+    let mut huge = TcpStream::connect(addr).unwrap();
+    huge.write_all(&[0xff, 0xff, 1, 2, 3]).unwrap();
+    let intruder = thread::spawn(move || {
+        let c = side(&format!("127.0.0.{}", x + 2), port);
+        cm::connect(addr, &c.qp, None, &cfg(None)).err()
+    });
+    let srv = thread::spawn(move || {
+        let s = side(&format!("127.0.0.{x}"), port);
+        let mr =
+            s.pd.reg_mr(vec![9u8; 4096], AccessFlags::REMOTE_READ)
+                .unwrap();
+        let buf = BufferInfo {
+            addr: mr.addr(),
+            rkey: mr.rkey(),
+            len: 4096,
+        };
+        let wait = Some(Duration::from_secs(20));
+        let r = l.serve(&s.qp, Some(buf), &cfg(Some("k3y")), wait);
+        (r.map(|c| (c, s, mr)), l.dropped())
+    });
+    let e = intruder
+        .join()
+        .unwrap()
+        .expect("the intruder without the secret is refused");
+    assert!(e.to_string().contains("secret"), "{e}");
+    // The real client comes last, after every hostile connection is in.
+    thread::sleep(Duration::from_millis(200));
+    let c = side(&format!("127.0.0.{}", x + 1), port);
+    let cc = cm::connect(addr, &c.qp, None, &cfg(Some("k3y"))).unwrap();
+    let b = cc.remote_buf.expect("the server offered its buffer");
+    let dst =
+        c.pd.reg_mr(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    c.qp.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Read(RemoteAddr {
+            addr: b.addr,
+            rkey: b.rkey,
+        }),
+        sg_list: vec![dst.sge(0, 4096)],
+        flags: signaled(),
+    })
+    .unwrap();
+    assert_eq!(one(&c.cq).status, WcStatus::Success);
+    let mut got = vec![0u8; 4096];
+    dst.read(0, &mut got).unwrap();
+    assert!(got.iter().all(|&v| v == 9));
+    let (served, dropped) = srv.join().unwrap();
+    served.expect("the server accepted the real client");
+    // Garbage, the oversized prefix and the intruder; silent ones are still pending.
+    assert!(dropped >= 3, "{dropped} dropped");
+    drop(silent);
+}

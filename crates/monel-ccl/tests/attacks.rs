@@ -1,0 +1,109 @@
+//! Hostile peers against the bootstrap, on loopback: each attack runs beside a real job,
+//! which must still form and compute verified results, while the attacker is refused.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use monel_ccl::{CommConfig, Communicator, DataType, RedOp, UniqueId};
+
+/// A registration as the rendezvous protocol has it, for `n` ranks as rank `r`.
+fn registration(id: &UniqueId, n: u32, r: u32) -> Vec<u8> {
+    let mut m = b"MNL2".to_vec();
+    m.extend(id.token);
+    m.extend(n.to_le_bytes());
+    m.extend(r.to_le_bytes());
+    for s in ["127.0.0.1:9", "127.0.0.1:9", "m", "h", "0"] {
+        m.extend((s.len() as u16).to_le_bytes());
+        m.extend(s.as_bytes());
+    }
+    m
+}
+
+/// Runs an `n`-rank float32 AllReduce on `id`, within `timeout`, and checks every element
+/// on every rank.
+fn job(id: &UniqueId, n: usize, timeout: Duration) {
+    let ranks: Vec<_> = (0..n)
+        .map(|r| {
+            let id = id.clone();
+            std::thread::spawn(move || {
+                let cfg = CommConfig {
+                    timeout,
+                    ..CommConfig::default()
+                };
+                let mut c = Communicator::init_rank(n, r, &id, cfg)?;
+                let send: Vec<u8> = (0..64)
+                    .flat_map(|i| ((r * 100 + i) as f32).to_le_bytes())
+                    .collect();
+                let mut recv = vec![0u8; send.len()];
+                c.all_reduce(&send, &mut recv, 64, DataType::F32, RedOp::Sum)?;
+                Ok::<_, monel_ccl::CclError>(recv)
+            })
+        })
+        .collect();
+    for (r, t) in ranks.into_iter().enumerate() {
+        let got = t
+            .join()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        for (i, b) in got.chunks_exact(4).enumerate() {
+            let want = (0..n).map(|k| (k * 100 + i) as f32).sum::<f32>();
+            assert_eq!(
+                f32::from_le_bytes(b.try_into().unwrap()),
+                want,
+                "rank {r} [{i}]"
+            );
+        }
+    }
+}
+
+/// Reads the rendezvous' answer to a registration: `Some(reason)` for a refusal.
+fn refusal(s: &mut TcpStream) -> Option<String> {
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut h = [0u8; 5];
+    s.read_exact(&mut h).ok()?;
+    assert_eq!(&h[..4], b"MNL2");
+    if h[4] == 0 {
+        return None;
+    }
+    let mut l = [0u8; 2];
+    s.read_exact(&mut l).unwrap();
+    let mut why = vec![0u8; usize::from(u16::from_le_bytes(l))];
+    s.read_exact(&mut why).unwrap();
+    Some(String::from_utf8(why).unwrap())
+}
+
+/// A registration claiming 2^32 - 1 ranks, sent before the real ranks, neither takes the
+/// root down nor locks the real ranks out; it is refused once the real job forms.
+#[test]
+fn an_absurd_rank_count_neither_kills_the_root_nor_locks_the_job_out() {
+    let id = UniqueId::create("127.0.0.1:0".parse().unwrap()).unwrap();
+    let mut forged = TcpStream::connect(id.root).unwrap();
+    forged.write_all(&registration(&id, u32::MAX, 0)).unwrap();
+    let mut other = TcpStream::connect(id.root).unwrap();
+    other.write_all(&registration(&id, 3, 1)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    job(&id, 2, Duration::from_secs(20));
+    let why = refusal(&mut forged).expect("the forged registration is refused");
+    assert!(why.contains("not in 1..="), "{why}");
+    let why = refusal(&mut other).expect("the other count is refused");
+    assert!(why.contains("formed"), "{why}");
+}
+
+/// Silent, slow and garbled connections to the rendezvous hold nobody up: the job forms
+/// well within a timeout shorter than any one of them is allowed to stay silent.
+#[test]
+fn silent_and_garbled_connections_do_not_stall_the_rendezvous() {
+    let id = UniqueId::create("127.0.0.1:0".parse().unwrap()).unwrap();
+    let silent: Vec<TcpStream> = (0..3)
+        .map(|_| TcpStream::connect(id.root).unwrap())
+        .collect();
+    let mut half = TcpStream::connect(id.root).unwrap();
+    half.write_all(&registration(&id, 2, 1)[..10]).unwrap();
+    let mut garbage = TcpStream::connect(id.root).unwrap();
+    garbage.write_all(&[0xff; 64]).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    // Each silent connection may stay 5 s; read one after another, three would take 15 s.
+    job(&id, 2, Duration::from_secs(4));
+    drop(silent);
+}
