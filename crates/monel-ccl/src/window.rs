@@ -30,7 +30,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::error::{CclError, ErrorKind, Result};
-use crate::transport::shm::Segment;
+use crate::transport::segment::Segment;
 use monel_sched::dtype::{DataType, RedOp};
 use monel_sched::plan::Collective;
 use monel_sched::reduce;

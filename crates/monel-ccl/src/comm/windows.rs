@@ -114,7 +114,7 @@ impl Communicator {
             None => Region::new(
                 id,
                 len,
-                transport::shm::Segment::anonymous(window::HEADER + len)
+                transport::segment::Segment::anonymous(window::HEADER + len)
                     .map_err(|e| CclError::io("window memory", e))?,
                 Vec::new(),
             ),
@@ -149,11 +149,11 @@ impl Communicator {
                     .is_some_and(|l| l.kind() == TransportKind::Shm)
             });
         let made = eligible
-            .then(|| transport::shm::create_sized(&self.cfg.shm.dir, total).ok())
+            .then(|| transport::segment::create_sized(&self.cfg.shm.dir, total).ok())
             .flatten();
         let mut rec = [0u8; REC];
-        if let Some((path, _, nonce)) = &made {
-            let p = path.as_os_str().as_encoded_bytes();
+        if let Some((name, _, _, nonce)) = &made {
+            let p = name.as_bytes();
             if p.len() <= REC - 27 {
                 rec[0] = 1;
                 rec[1..9].copy_from_slice(&(total as u64).to_le_bytes());
@@ -164,7 +164,7 @@ impl Communicator {
         }
         let mut all = vec![0u8; REC * n];
         let gathered = self.all_gather(&rec, &mut all, REC, DataType::U8);
-        let mut peers: Vec<Option<transport::shm::Segment>> = (0..n).map(|_| None).collect();
+        let mut peers: Vec<Option<transport::segment::Segment>> = (0..n).map(|_| None).collect();
         let mut ok = gathered.is_ok() && rec[0] == 1;
         for j in (0..n).filter(|&j| j != r) {
             let f = &all[j * REC..(j + 1) * REC];
@@ -174,9 +174,10 @@ impl Communicator {
                 break;
             }
             let size = u64::from_le_bytes(f[1..9].try_into().expect("8 bytes")) as usize;
-            let path =
-                std::path::PathBuf::from(String::from_utf8_lossy(&f[27..27 + plen]).into_owned());
-            match transport::shm::open_sized(&path, size, &f[9..25]) {
+            // The peer names its segment; the path is this rank's own directory and a name
+            // that passes the same checks as a ring's (see `transport::segment::open_named`).
+            let name = &f[27..27 + plen];
+            match transport::segment::open_named(&self.cfg.shm.dir, name, size, &f[9..25]) {
                 Ok(seg) => peers[j] = Some(seg),
                 Err(_) => ok = false,
             }
@@ -185,12 +186,12 @@ impl Communicator {
         let agreed = gathered
             .and_then(|()| self.all_reduce_in_place(&mut flag, 1, DataType::U8, RedOp::Min));
         // Every rank has mapped what it could (it voted after): the names can go.
-        if let Some((path, ..)) = &made {
+        if let Some((_, path, ..)) = &made {
             let _ = std::fs::remove_file(path);
         }
         agreed?;
         match made {
-            Some((_, seg, _)) if flag[0] == 1 => Ok(Some(Region::new(id, len, seg, peers))),
+            Some((_, _, seg, _)) if flag[0] == 1 => Ok(Some(Region::new(id, len, seg, peers))),
             _ => Ok(None),
         }
     }

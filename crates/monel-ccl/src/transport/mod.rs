@@ -19,6 +19,7 @@ use crate::error::{CclError, Result};
 
 mod handshake;
 pub(crate) mod rdma;
+pub(crate) mod segment;
 pub(crate) mod shm;
 pub(crate) mod tcp;
 

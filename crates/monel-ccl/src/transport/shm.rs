@@ -7,26 +7,25 @@
 //! doorbell (one byte wakes a peer that went to sleep in poll) and the liveness signal (a
 //! peer that exits closes it, so a rank waiting on a dead peer's ring finds out at once).
 //!
-//! Setup ([`upgrade`], in the messages of [`super::handshake`]): the lower rank creates the segment in `/dev/shm`, writes a random
-//! nonce into it and offers its name and the nonce over TCP; the higher rank maps it and
-//! accepts only if it reads the same nonce (proof that both really share the memory), and
-//! the creator then unlinks the file, so nothing outlives the two processes.
+//! Setup ([`upgrade`], in the messages of [`super::handshake`]): the lower rank creates the
+//! segment in `/dev/shm` ([`super::segment`]), writes a random nonce into it and offers its
+//! name and the nonce over TCP; the higher rank opens that name in its own directory, maps
+//! it and accepts only if it is a private file of this user holding the same nonce (proof
+//! that both really share the memory), and the creator then unlinks the file, so nothing
+//! outlives the two processes.
 
-use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
-use std::num::NonZeroUsize;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Instant;
 
 use nix::poll::PollFlags;
-use nix::sys::mman::{MapFlags, ProtFlags, mmap, munmap};
 
 use super::handshake::{bound_reads, first_text, recv_msg, send_msg};
+use super::segment::{Segment, create_sized, open_named};
 use super::{Link, Setup};
 use monel_copy::{Adaptive, Costs, STREAM_MIN, copy};
 use monel_sched::tune::TransportKind;
@@ -73,67 +72,6 @@ struct CostLine([AtomicU64; 2]);
 /// The way each ring part was written.
 #[repr(C, align(64))]
 struct Ways([AtomicU8; SLOTS]);
-
-/// A mapped segment, unmapped on drop.
-pub(crate) struct Segment {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-impl Segment {
-    /// The first byte of the mapping.
-    pub(crate) fn ptr(&self) -> NonNull<u8> {
-        self.ptr
-    }
-
-    /// Bytes mapped.
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Private anonymous memory of `len` bytes (zeroed), for a window nobody shares.
-    pub(crate) fn anonymous(len: usize) -> io::Result<Self> {
-        let nz = NonZeroUsize::new(len).ok_or_else(|| io::Error::other("empty segment"))?;
-        // SAFETY: a fresh private anonymous mapping; nothing else aliases it.
-        #[allow(unsafe_code)]
-        let p = unsafe {
-            nix::sys::mman::mmap_anonymous(
-                None,
-                nz,
-                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_PRIVATE,
-            )
-        }?;
-        Ok(Self { ptr: p.cast(), len })
-    }
-
-    fn map(file: &File, len: usize) -> io::Result<Self> {
-        let nz = NonZeroUsize::new(len).ok_or_else(|| io::Error::other("empty segment"))?;
-        // SAFETY: a fresh shared mapping of a file we hold open, `len` bytes long (the
-        // caller sized or checked the file); nothing else in this process aliases it.
-        #[allow(unsafe_code)]
-        let p = unsafe {
-            mmap(
-                None,
-                nz,
-                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_SHARED,
-                file,
-                0,
-            )
-        }?;
-        Ok(Self { ptr: p.cast(), len })
-    }
-}
-
-impl Drop for Segment {
-    fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` are exactly what mmap returned; no reference into the mapping
-        // outlives the link that owns this segment.
-        #[allow(unsafe_code)]
-        let _ = unsafe { munmap(self.ptr.cast(), self.len) };
-    }
-}
 
 /// Segment layout for ring capacity `cap`: a header page (nonce), then per direction a
 /// control page and `cap` bytes of data.
@@ -620,6 +558,7 @@ const DECLINE: u8 = 0;
 
 /// A segment this rank created and offered.
 struct Offered {
+    name: String,
     path: PathBuf,
     seg: Segment,
     nonce: [u8; 16],
@@ -627,72 +566,18 @@ struct Offered {
 
 fn create(dir: &Path, cap: usize) -> io::Result<Offered> {
     let (len, _, _) = layout(cap);
-    let (path, seg, nonce) = create_sized(dir, len)?;
-    Ok(Offered { path, seg, nonce })
-}
-
-/// Creates a file of `len` bytes in `dir` under a random name (mode 0600), maps it shared
-/// and writes a random nonce into its first 16 bytes (the rest of that page is the
-/// caller's header space). The caller offers the path and nonce, then unlinks the file.
-pub(crate) fn create_sized(dir: &Path, len: usize) -> io::Result<(PathBuf, Segment, [u8; 16])> {
-    let mut nonce = [0u8; 16];
-    getrandom::getrandom(&mut nonce).map_err(|e| io::Error::other(e.to_string()))?;
-    let name: String = nonce[..8].iter().map(|b| format!("{b:02x}")).collect();
-    let path = dir.join(format!("monel-{}-{name}", std::process::id()));
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)?;
-    let made = (|| {
-        // Reserve the pages now: a full /dev/shm is an error here, not a SIGBUS later.
-        nix::fcntl::posix_fallocate(&file, 0, len as i64)?;
-        let seg = Segment::map(&file, len)?;
-        // SAFETY: the header page is inside the fresh mapping, which nobody else has yet.
-        #[allow(unsafe_code)]
-        unsafe {
-            std::ptr::copy_nonoverlapping(nonce.as_ptr(), seg.ptr.as_ptr(), nonce.len());
-        }
-        Ok::<_, io::Error>(seg)
-    })();
-    match made {
-        Ok(seg) => Ok((path, seg, nonce)),
-        Err(e) => {
-            let _ = std::fs::remove_file(&path);
-            Err(e)
-        }
-    }
+    let (name, path, seg, nonce) = create_sized(dir, len)?;
+    Ok(Offered {
+        name,
+        path,
+        seg,
+        nonce,
+    })
 }
 
 /// Maps the segment a peer offered and checks its nonce.
-fn open(path: &Path, cap: usize, nonce: &[u8]) -> Result<Segment, String> {
-    open_sized(path, layout(cap).0, nonce)
-}
-
-/// Maps a file another rank made with [`create_sized`], if it is `len` bytes long and
-/// holds `nonce` (proof that both ranks see the same memory).
-pub(crate) fn open_sized(path: &Path, len: usize, nonce: &[u8]) -> Result<Segment, String> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(|e| format!("cannot open the peer's segment ({e}): another host?"))?;
-    let size = file.metadata().map_err(|e| e.to_string())?.len();
-    if size != len as u64 {
-        return Err(format!("segment is {size} bytes, expected {len}"));
-    }
-    let seg = Segment::map(&file, len).map_err(|e| format!("mmap: {e}"))?;
-    let mut got = [0u8; 16];
-    // SAFETY: the header page is inside the mapping; the creator wrote it before offering.
-    #[allow(unsafe_code)]
-    unsafe {
-        std::ptr::copy_nonoverlapping(seg.ptr.as_ptr(), got.as_mut_ptr(), got.len());
-    }
-    if got[..] != *nonce {
-        return Err("the segment holds another nonce: same name, different host".into());
-    }
-    Ok(seg)
+fn open(dir: &Path, name: &[u8], cap: usize, nonce: &[u8]) -> Result<Segment, String> {
+    open_named(dir, name, layout(cap).0, nonce)
 }
 
 /// How a shared-memory link describes itself in the path log.
@@ -738,7 +623,7 @@ pub(crate) fn upgrade(
                 s,
                 OFFER,
                 &[
-                    o.path.as_os_str().as_encoded_bytes(),
+                    o.name.as_bytes(),
                     &o.nonce,
                     &(cap as u64).to_le_bytes(),
                     host.as_bytes(),
@@ -771,8 +656,7 @@ pub(crate) fn upgrade(
             if !peer_cap.is_power_of_two() || !(PAGE..=1 << 30).contains(&peer_cap) {
                 Err(format!("offered ring of {peer_cap} bytes"))
             } else {
-                let path = PathBuf::from(String::from_utf8_lossy(&f[0]).into_owned());
-                open(&path, peer_cap, &f[1]).map(|seg| (seg, peer_cap))
+                open(&cfg.dir, &f[0], peer_cap, &f[1]).map(|seg| (seg, peer_cap))
             }
         };
         match verdict {
@@ -980,5 +864,46 @@ mod tests {
             panic!("expected TCP")
         };
         assert!(why.contains("declined"), "{why}");
+    }
+
+    /// A directory of its own under the system's temporary one.
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("monel-shm-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// An impostor on the pair's connection offers a segment by a path outside the
+    /// directory: the rank declines it (the pair stays on TCP) and touches nothing.
+    #[test]
+    fn an_offer_naming_an_outside_path_is_declined() {
+        let dir = scratch("offer");
+        let victim = dir.join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut impostor = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (real, _) = l.accept().unwrap();
+        let cfg = ShmConfig {
+            dir: dir.clone(),
+            ..ShmConfig::default()
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let path = victim.as_os_str().as_encoded_bytes().to_vec();
+        let cap = (PAGE as u64).to_le_bytes();
+        let t = std::thread::spawn(move || {
+            send_msg(&mut impostor, OFFER, &[&path, &[1u8; 16], &cap, b""]).unwrap();
+            recv_msg(&mut impostor).unwrap()
+        });
+        let out = upgrade(vec![Some(real), None], 1, &cfg, deadline).unwrap();
+        let Some(Setup::Declined(_, why)) = &out[0] else {
+            panic!("expected a refusal");
+        };
+        assert!(why.contains("not one Monel makes"), "{why}");
+        let (kind, f) = t.join().unwrap();
+        assert_eq!(kind, DECLINE);
+        assert!(first_text(&f).contains("not one Monel makes"));
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
