@@ -221,7 +221,7 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend(s.as_bytes());
 }
 
-fn get_str(s: &mut TcpStream) -> std::io::Result<String> {
+fn get_str(s: &mut impl Read) -> std::io::Result<String> {
     let mut l = [0u8; 2];
     s.read_exact(&mut l)?;
     let mut b = vec![0u8; u16::from_le_bytes(l) as usize];
@@ -229,7 +229,7 @@ fn get_str(s: &mut TcpStream) -> std::io::Result<String> {
     String::from_utf8(b).map_err(|_| std::io::ErrorKind::InvalidData.into())
 }
 
-fn get_u32(s: &mut TcpStream) -> std::io::Result<u32> {
+fn get_u32(s: &mut impl Read) -> std::io::Result<u32> {
     let mut b = [0u8; 4];
     s.read_exact(&mut b)?;
     Ok(u32::from_le_bytes(b))
@@ -260,7 +260,7 @@ const REGISTRATION_TIME: Duration = Duration::from_secs(5);
 /// One rank's registration: token, rank count, rank, and its five address strings.
 type Registration = ([u8; 16], u32, u32, [String; 5]);
 
-fn read_registration(s: &mut TcpStream) -> std::io::Result<Registration> {
+pub(crate) fn read_registration(s: &mut impl Read) -> std::io::Result<Registration> {
     let mut m = [0u8; 4];
     s.read_exact(&mut m)?;
     if &m != MAGIC_BOOT {
@@ -301,9 +301,12 @@ fn serve_root(l: TcpListener, token: [u8; 16]) {
     std::thread::Builder::new()
         .name("monel-root".into())
         .spawn(move || {
-            let Ok(mut greeter) =
-                Greeter::new(l, read_registration, REGISTRATION_TIME, "rendezvous")
-            else {
+            let Ok(mut greeter) = Greeter::new(
+                l,
+                |s: &mut TcpStream| read_registration(s),
+                REGISTRATION_TIME,
+                "rendezvous",
+            ) else {
                 return;
             };
             let mut groups: HashMap<usize, BTreeMap<usize, (TcpStream, [String; 5])>> =
@@ -431,17 +434,26 @@ pub(crate) fn rendezvous(
             "rank {rank}: the rendezvous refused this rank: {why}"
         )));
     }
-    let mut table = Vec::with_capacity(nranks);
+    read_table(&mut s, nranks, &io)
+}
+
+/// The rendezvous table: every rank's addresses, in rank order.
+pub(crate) fn read_table<R: Read>(
+    s: &mut R,
+    nranks: usize,
+    io: &dyn Fn(std::io::Error) -> CclError,
+) -> Result<Vec<PeerAddrs>> {
+    let mut table = Vec::with_capacity(nranks.min(MAX_RANKS));
     for _ in 0..nranks {
         let parse = |t: String| {
             t.parse::<SocketAddr>()
                 .map_err(|_| CclError::bootstrap("bad address in the rendezvous table"))
         };
-        let data = parse(get_str(&mut s).map_err(io)?)?;
-        let status = parse(get_str(&mut s).map_err(io)?)?;
-        let machine = get_str(&mut s).map_err(io)?;
-        let host = get_str(&mut s).map_err(io)?;
-        let cpus = get_str(&mut s).map_err(io)?;
+        let data = parse(get_str(s).map_err(io)?)?;
+        let status = parse(get_str(s).map_err(io)?)?;
+        let machine = get_str(s).map_err(io)?;
+        let host = get_str(s).map_err(io)?;
+        let cpus = get_str(s).map_err(io)?;
         table.push(PeerAddrs {
             data,
             status,
@@ -457,7 +469,7 @@ pub(crate) fn rendezvous(
 const HELLO_TIME: Duration = Duration::from_secs(5);
 
 /// A mesh connection's hello: the token and the dialer's rank.
-fn read_hello(s: &mut TcpStream) -> std::io::Result<([u8; 16], u32)> {
+pub(crate) fn read_hello(s: &mut impl Read) -> std::io::Result<([u8; 16], u32)> {
     let mut h = [0u8; 24];
     s.read_exact(&mut h)?;
     if &h[..4] != MAGIC_HELLO {
@@ -503,8 +515,13 @@ pub(crate) fn mesh(
     let listener = listener
         .try_clone()
         .map_err(|e| CclError::io("listener", e))?;
-    let mut greeter = Greeter::new(listener, read_hello, HELLO_TIME, "mesh")
-        .map_err(|e| CclError::io("listener", e))?;
+    let mut greeter = Greeter::new(
+        listener,
+        |s: &mut TcpStream| read_hello(s),
+        HELLO_TIME,
+        "mesh",
+    )
+    .map_err(|e| CclError::io("listener", e))?;
     while out.iter().enumerate().any(|(j, s)| j > rank && s.is_none()) {
         match greeter.poll().map_err(|e| CclError::io("accept", e))? {
             Some((s, peer, (t, j))) => {

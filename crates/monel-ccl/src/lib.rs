@@ -20,6 +20,8 @@ mod cpus;
 mod error;
 mod exec;
 mod frame;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod log;
 mod transport;
 mod window;

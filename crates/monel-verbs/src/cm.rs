@@ -123,7 +123,7 @@ fn send(s: &mut TcpStream, body: &[u8]) -> Result<()> {
     s.write_all(&m).map_err(io)
 }
 
-fn recv(s: &mut TcpStream, magic: &[u8; 8]) -> Result<Vec<u8>> {
+fn recv(s: &mut impl Read, magic: &[u8; 8]) -> Result<Vec<u8>> {
     let mut l = [0u8; 2];
     s.read_exact(&mut l).map_err(io)?;
     let n = usize::from(u16::from_be_bytes(l));
@@ -566,4 +566,15 @@ pub fn connect(
         mtu,
         stream: s,
     })
+}
+
+/// The connection manager's parsers on arbitrary bytes, for the fuzzers (`fuzz/`).
+#[doc(hidden)]
+pub fn fuzz_messages(bytes: &[u8]) {
+    for magic in [HELLO, REQ, REP, RDY] {
+        if let Ok(m) = recv(&mut std::io::Cursor::new(bytes), magic) {
+            let _ = Params::get(m.get(8..).unwrap_or_default());
+        }
+    }
+    let _ = Params::get(bytes);
 }

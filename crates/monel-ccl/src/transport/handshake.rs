@@ -36,7 +36,7 @@ pub(crate) fn first_text(fields: &[Vec<u8>]) -> String {
 }
 
 /// Reads one message: its kind and fields.
-pub(crate) fn recv_msg(s: &mut TcpStream) -> io::Result<(u8, Vec<Vec<u8>>)> {
+pub(crate) fn recv_msg(s: &mut impl Read) -> io::Result<(u8, Vec<Vec<u8>>)> {
     let mut h = [0u8; 5];
     s.read_exact(&mut h)?;
     if &h[..4] != MAGIC {

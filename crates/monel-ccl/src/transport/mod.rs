@@ -17,7 +17,7 @@ use nix::poll::PollFlags;
 
 use crate::error::{CclError, Result};
 
-mod handshake;
+pub(crate) mod handshake;
 pub(crate) mod rdma;
 pub(crate) mod segment;
 pub(crate) mod shm;

@@ -196,7 +196,7 @@ impl Endpoint {
 const OFFER_LEN: usize = 4 + 4 + 16 + 2 + 4 + 8 + 4 + 8 + 8 + 4;
 
 /// A peer's offer, decoded.
-struct Offer {
+pub(crate) struct Offer {
     remote: RemoteQp,
     port: u16,
     mtu: Mtu,
@@ -206,7 +206,7 @@ struct Offer {
 }
 
 impl Offer {
-    fn decode(b: &[u8]) -> Result<Self, String> {
+    pub(crate) fn decode(b: &[u8]) -> Result<Self, String> {
         if b.len() != OFFER_LEN {
             return Err(format!("malformed RDMA offer ({} bytes)", b.len()));
         }

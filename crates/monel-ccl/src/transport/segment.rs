@@ -80,7 +80,7 @@ impl Drop for Segment {
 const NAME_PREFIX: &str = "monel-";
 
 /// True for a name [`create_sized`] could have made (no `/`, no `..`, nothing else).
-fn valid_name(name: &[u8]) -> bool {
+pub(crate) fn valid_name(name: &[u8]) -> bool {
     name.len() == NAME_PREFIX.len() + 32
         && name.starts_with(NAME_PREFIX.as_bytes())
         && name[NAME_PREFIX.len()..]
