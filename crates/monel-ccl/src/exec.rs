@@ -11,6 +11,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::error::{CclError, ErrorKind, Result};
 use crate::frame::{FRAME_ABORT, FRAME_CLOSE, FRAME_DATA, HEADER_LEN, Header, Signature};
+use crate::liveness::Liveness;
 use crate::transport::Link;
 use monel_sched::buffers::Buffers;
 use monel_sched::plan::Algorithm;
@@ -135,6 +136,9 @@ pub(crate) struct Ctx<'a> {
     /// Point-to-point numbering, for send/recv groups: each message carries its own
     /// signature (`P2P_CODE`, the pair's message number, its length in bytes).
     pub(crate) p2p: Option<P2pSeqs<'a>>,
+    /// Names a peer that stops answering while the call waits on it (`None`: only the
+    /// timeout does).
+    pub(crate) liveness: Option<Liveness<'a>>,
 }
 
 /// The numbers of the last message sent to and received from each peer.
@@ -746,6 +750,8 @@ pub(crate) fn run(
             });
         }
         let mut idle_since: Option<Instant> = None;
+        // Since when nothing moved at all (sleeps included), for the liveness check.
+        let mut stalled_since: Option<Instant> = None;
         let mut round = 0u32;
         loop {
             // One send and one receive in flight per peer, in posting order. `driven[p]`
@@ -794,6 +800,7 @@ pub(crate) fn run(
             }
             if progress {
                 idle_since = None;
+                stalled_since = None;
                 continue;
             }
             let now = Instant::now();
@@ -812,6 +819,14 @@ pub(crate) fn run(
             // Nothing moved: spin a while (a peer is usually a moment behind), then sleep
             // until something can move, watching the idle links too.
             let since = *idle_since.get_or_insert(now);
+            let stalled = *stalled_since.get_or_insert(now);
+            if ctx.liveness.as_ref().is_some_and(|l| l.due(now, stalled)) {
+                let waiting: Vec<usize> = (0..npeers).filter(|&p| driven[p] != 0).collect();
+                let what = ctx.name.what();
+                if let Some(l) = ctx.liveness.as_mut() {
+                    l.check(now, stalled, &waiting, &what)?;
+                }
+            }
             if now - since < ctx.spin {
                 spin_pause(round, ctx.yield_every);
                 round = round.wrapping_add(1);

@@ -22,6 +22,7 @@ mod exec;
 mod frame;
 #[doc(hidden)]
 pub mod fuzzing;
+mod liveness;
 pub mod log;
 mod transport;
 mod window;

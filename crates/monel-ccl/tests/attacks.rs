@@ -1,5 +1,6 @@
-//! Hostile peers against the bootstrap, on loopback: each attack runs beside a real job,
-//! which must still form and compute verified results, while the attacker is refused.
+//! Hostile and failing peers, on loopback: each attack runs beside a real job, which must
+//! still form and compute verified results while the attacker is refused; a rank that
+//! freezes is named within the liveness bound.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -106,4 +107,62 @@ fn silent_and_garbled_connections_do_not_stall_the_rendezvous() {
     // Each silent connection may stay 5 s; read one after another, three would take 15 s.
     job(&id, 2, Duration::from_secs(4));
     drop(silent);
+}
+
+/// Rank 1 of [`a_frozen_rank_is_named_within_the_liveness_bound`], in a process of its
+/// own: all-reduces until it is stopped and killed.
+fn frozen_child(id: &str) {
+    let id: UniqueId = id.parse().unwrap();
+    let mut c = Communicator::init_rank(2, 1, &id, CommConfig::default()).unwrap();
+    let send = vec![0u8; 4096];
+    let mut recv = vec![0u8; 4096];
+    while c
+        .all_reduce(&send, &mut recv, 1024, DataType::F32, RedOp::Sum)
+        .is_ok()
+    {}
+}
+
+/// A rank that freezes (SIGSTOP: its process is there, its connections open, nothing
+/// moves) is named by its peer as lost within the liveness bound (3 s here), not after the
+/// timeout (600 s here): the error is `PeerLost` naming it, where the timeout's would be
+/// `Timeout`.
+#[test]
+fn a_frozen_rank_is_named_within_the_liveness_bound() {
+    const CHILD: &str = "MONEL_TEST_FROZEN_RANK";
+    if let Ok(id) = std::env::var(CHILD) {
+        return frozen_child(&id);
+    }
+    let id = UniqueId::create("127.0.0.1:0".parse().unwrap()).unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_frozen_rank_is_named_within_the_liveness_bound",
+            "--test-threads=1",
+        ])
+        .env(CHILD, id.to_string())
+        .spawn()
+        .unwrap();
+    let cfg = CommConfig {
+        timeout: Duration::from_secs(600),
+        liveness: Duration::from_secs(3),
+        ..CommConfig::default()
+    };
+    let mut c = Communicator::init_rank(2, 0, &id, cfg).unwrap();
+    let send = vec![0u8; 4096];
+    let mut recv = vec![0u8; 4096];
+    c.all_reduce(&send, &mut recv, 1024, DataType::F32, RedOp::Sum)
+        .unwrap();
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    // The child may be a call ahead: the error comes within a few calls.
+    let e = (0..4).find_map(|_| {
+        c.all_reduce(&send, &mut recv, 1024, DataType::F32, RedOp::Sum)
+            .err()
+    });
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    let _ = child.wait();
+    let e = e.expect("the frozen rank fails the call");
+    assert_eq!(e.kind, monel_ccl::ErrorKind::PeerLost, "{e}");
+    assert_eq!(e.ranks, vec![1], "{e}");
+    assert!(e.message.contains("rank 1 has not answered"), "{e}");
 }

@@ -18,6 +18,9 @@ pub struct CommConfig {
     pub chunk: usize,
     /// Same bits for the same inputs whatever the size or algorithm (`MONEL_DETERMINISTIC=1`).
     pub deterministic: bool,
+    /// A peer a call waits on that stops answering its status endpoint for this long is
+    /// named, long before the timeout (`MONEL_LIVENESS`, seconds; default 10; 0: off).
+    pub liveness: Duration,
     /// Transports a pair may use (`MONEL_TRANSPORT`).
     pub transports: Transports,
     /// How long a rank polls without sleeping when nothing moves (`MONEL_SPIN_US`,
@@ -97,6 +100,7 @@ impl Default for CommConfig {
             algo: None,
             chunk: 512 << 10,
             deterministic: false,
+            liveness: Duration::from_secs(10),
             transports: Transports::default(),
             spin: Duration::from_micros(50),
             shm: ShmConfig::default(),
@@ -123,6 +127,17 @@ impl CommConfig {
                     CclError::invalid(format!("MONEL_TIMEOUT={v:?}: want seconds > 0"))
                 })?;
             c.timeout = Duration::from_secs_f64(s);
+        }
+        if let Some(v) = env("MONEL_LIVENESS") {
+            c.liveness = v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s >= 0.0 && *s <= 1e6)
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| {
+                    CclError::invalid(format!("MONEL_LIVENESS={v:?}: want seconds >= 0"))
+                })?;
         }
         if let Some(v) = env("MONEL_ALGO") {
             c.algo = Some(Algorithm::parse(&v).ok_or_else(|| {

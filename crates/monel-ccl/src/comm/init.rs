@@ -177,6 +177,7 @@ impl Communicator {
             );
         }
         status.lock().unwrap_or_else(PoisonError::into_inner).state = "idle";
+        let status_addrs = table.iter().map(|t| t.status).collect();
         let mut comm = Self {
             rank,
             nranks,
@@ -201,6 +202,7 @@ impl Communicator {
             per_host,
             hosts,
             windows: Windows::default(),
+            status_addrs,
             last_path: "",
             tiny_done: 0,
         };

@@ -30,7 +30,7 @@ pub use group::GroupOp;
 use hosts::host_key;
 pub(crate) use hosts::{host_order, per_host};
 use signature::{Fnv, SchedKey, describe_sig};
-use status::{Status, serve_status};
+use status::{Status, query_status, serve_status};
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -43,6 +43,7 @@ use crate::bootstrap::{PeerAddrs, UniqueId};
 use crate::error::{CclError, ErrorKind, Result};
 use crate::exec::{self, Ctx, Links, Name, P2pSeqs, Pool};
 use crate::frame::Signature;
+use crate::liveness::Liveness;
 use crate::window::Windows;
 use monel_sched::buffers::Buffers;
 use monel_sched::dtype::{DataType, RedOp};
@@ -102,6 +103,8 @@ pub struct Communicator {
     hosts: Option<tune::Hosts>,
     /// Symmetric memory windows and their meeting point.
     windows: Windows,
+    /// Each rank's status endpoint, by rank (for the liveness check).
+    status_addrs: Vec<SocketAddr>,
     /// How the last collective ran: an algorithm's name, or `window`.
     last_path: &'static str,
     /// Calls the two-rank tiny path finished without the executor.
@@ -665,6 +668,11 @@ impl Communicator {
             p2p: p2p.then_some(P2pSeqs {
                 send: &mut self.p2p_sent,
                 recv: &mut self.p2p_received,
+            }),
+            liveness: (!self.cfg.liveness.is_zero()).then(|| {
+                Liveness::new(&self.status_addrs, self.cfg.liveness, |a| {
+                    query_status(a).is_ok()
+                })
             }),
         };
         exec::run(&mut ctx, sched, bufs, &mut self.pool)
