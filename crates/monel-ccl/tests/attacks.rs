@@ -133,7 +133,7 @@ fn a_frozen_rank_is_named_within_the_liveness_bound() {
         return frozen_child(&id);
     }
     let id = UniqueId::create("127.0.0.1:0".parse().unwrap()).unwrap();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
             "a_frozen_rank_is_named_within_the_liveness_bound",
@@ -142,6 +142,9 @@ fn a_frozen_rank_is_named_within_the_liveness_bound() {
         .env(CHILD, id.to_string())
         .spawn()
         .unwrap();
+    // Killed whatever happens here: a stopped child left behind would hold the test
+    // harness's output open.
+    let child = Reaper(child);
     let cfg = CommConfig {
         timeout: Duration::from_secs(600),
         liveness: Duration::from_secs(3),
@@ -152,17 +155,32 @@ fn a_frozen_rank_is_named_within_the_liveness_bound() {
     let mut recv = vec![0u8; 4096];
     c.all_reduce(&send, &mut recv, 1024, DataType::F32, RedOp::Sum)
         .unwrap();
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let pid = nix::unistd::Pid::from_raw(child.0.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    // The stop takes effect a moment later: wait until the child is stopped for certain.
+    let stopped = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WUNTRACED));
+    assert!(
+        matches!(stopped, Ok(nix::sys::wait::WaitStatus::Stopped(..))),
+        "{stopped:?}"
+    );
     // The child may be a call ahead: the error comes within a few calls.
     let e = (0..4).find_map(|_| {
         c.all_reduce(&send, &mut recv, 1024, DataType::F32, RedOp::Sum)
             .err()
     });
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
-    let _ = child.wait();
+    drop(child);
     let e = e.expect("the frozen rank fails the call");
     assert_eq!(e.kind, monel_ccl::ErrorKind::PeerLost, "{e}");
     assert_eq!(e.ranks, vec![1], "{e}");
     assert!(e.message.contains("rank 1 has not answered"), "{e}");
+}
+
+/// A child process, killed and reaped on drop.
+struct Reaper(std::process::Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
