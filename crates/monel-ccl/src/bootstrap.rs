@@ -8,8 +8,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use crate::accept::Greeter;
 use crate::error::{CclError, Result};
+use monel_verbs::greeter::Greeter;
 
 const MAGIC_BOOT: &[u8; 4] = b"MNL2";
 const MAGIC_HELLO: &[u8; 4] = b"MNLH";
@@ -312,9 +312,10 @@ fn serve_root(l: TcpListener, token: [u8; 16]) {
             let mut groups: HashMap<usize, BTreeMap<usize, (TcpStream, [String; 5])>> =
                 HashMap::new();
             let formed = loop {
-                let Ok(next) = greeter.poll() else { return };
+                let Ok(next) = greeter.next(Duration::from_secs(1)) else {
+                    return;
+                };
                 let Some((s, peer, (t, n, r, addrs))) = next else {
-                    std::thread::sleep(Duration::from_millis(1));
                     continue;
                 };
                 let (n, r) = (n as usize, r as usize);
@@ -523,11 +524,12 @@ pub(crate) fn mesh(
     )
     .map_err(|e| CclError::io("listener", e))?;
     while out.iter().enumerate().any(|(j, s)| j > rank && s.is_none()) {
-        match greeter.poll().map_err(|e| CclError::io("accept", e))? {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match greeter.next(left).map_err(|e| CclError::io("accept", e))? {
             Some((s, peer, (t, j))) => {
                 let j = j as usize;
                 if t != token {
-                    greeter.drop_one(peer, "wrong token: not a rank of this communicator");
+                    greeter.drop_one(peer, &"wrong token: not a rank of this communicator");
                 } else if j <= rank || j >= n || out[j].is_some() {
                     greeter.drop_one(peer, &format!("rank {j} is not expected here"));
                 } else {
@@ -543,7 +545,7 @@ pub(crate) fn mesh(
                 )
                 .with_ranks(missing));
             }
-            None => std::thread::sleep(Duration::from_millis(1)),
+            None => {}
         }
     }
     Ok(out)

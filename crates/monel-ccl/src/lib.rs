@@ -13,7 +13,6 @@
 //!
 //! The schedules themselves are plain data in `monel-sched`, which also runs them in memory.
 
-mod accept;
 mod bootstrap;
 mod comm;
 mod cpus;

@@ -7,7 +7,7 @@
 //! Subsystems are event targets: `INIT` (`monel::init`: the path each pair took, core
 //! sharing, host layout), `COLL` (`monel::coll`: how each collective ran), `TUNING`
 //! (`monel::tuning`: the cost model the ranks agreed on), `NET` (`monel::net`: transport
-//! counters when a communicator closes).
+//! counters when a communicator closes; connections a listener dropped).
 
 use std::fmt;
 
@@ -83,6 +83,11 @@ pub fn filter_from(level: Option<&str>, subsys: Option<&str>) -> Result<Targets>
 /// there). Called by every communicator's init and by the `monel` binary; harmless to call
 /// again.
 pub fn init_from_env() -> Result<()> {
+    // Once per process: every communicator's init calls this.
+    static DONE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    if DONE.get().is_some() {
+        return Ok(());
+    }
     let level = std::env::var("MONEL_DEBUG").ok();
     let subsys = std::env::var("MONEL_DEBUG_SUBSYS").ok();
     let filter = filter_from(level.as_deref(), subsys.as_deref())?;
@@ -90,8 +95,9 @@ pub fn init_from_env() -> Result<()> {
         .with_writer(std::io::stderr)
         .event_format(Line);
     let subscriber = tracing_subscriber::registry().with(fmt).with(filter);
-    // Fails when a subscriber is already set (the host's, or ours from an earlier call).
+    // Fails when the host program set a subscriber of its own: its stays.
     let _ = tracing::subscriber::set_global_default(subscriber);
+    let _ = DONE.set(());
     Ok(())
 }
 

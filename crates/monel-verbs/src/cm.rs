@@ -20,7 +20,6 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
@@ -28,6 +27,7 @@ use sha2::Sha256;
 
 use crate::device::Gid;
 use crate::error::{ErrorKind, Result, VerbsError};
+use crate::greeter::Greeter;
 use crate::qp::{ConnectParams, QueuePair, RemoteQp, random_psn};
 use crate::{Mtu, Psn, Qpn, RKey};
 
@@ -315,10 +315,10 @@ impl Listener {
 
     /// Serves connections until one completes the handshake for `qp` (in RESET or INIT),
     /// offering `buf`, or `wait` passes (`None`: no limit). Every connection is read on a
-    /// thread of its own until it has sent a valid request (within `cfg.timeout`), so a
-    /// silent, slow or garbled one holds up nobody; one that fails is dropped, logged with
-    /// its reason and counted ([`Self::dropped`]), and the QP goes back to RESET if the
-    /// failure came after it was brought up.
+    /// thread of its own until it has sent a valid request (within `cfg.timeout`; see
+    /// [`crate::greeter`]), so a silent, slow or garbled one holds up nobody; one that
+    /// fails is dropped, logged with its reason and counted ([`Self::dropped`]), and the QP
+    /// goes back to RESET if the failure came after it was brought up.
     pub fn serve(
         &self,
         qp: &QueuePair,
@@ -327,29 +327,19 @@ impl Listener {
         wait: Option<Duration>,
     ) -> Result<Connection> {
         let deadline = wait.map(|w| Instant::now() + w);
-        self.tcp.set_nonblocking(true).map_err(io)?;
-        let (tx, rx) = mpsc::channel::<(TcpStream, SocketAddr, Result<Greeted>)>();
-        let pending = Arc::new(AtomicUsize::new(0));
-        let out = 'serve: loop {
-            loop {
-                match self.tcp.accept() {
-                    Ok((s, from)) => self.greet_apart(s, from, cfg, &tx, &pending),
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            std::io::ErrorKind::Interrupted
-                                | std::io::ErrorKind::ConnectionAborted
-                                | std::io::ErrorKind::ConnectionReset
-                        ) => {}
-                    Err(e) => break 'serve Err(io(e)),
-                }
-            }
-            match rx.try_recv() {
-                Ok((s, from, Ok(g))) => match finish(s, g, qp, buf, cfg) {
+        let tcp = self.tcp.try_clone().map_err(io)?;
+        let greet_cfg = cfg.clone();
+        let mut greeter =
+            Greeter::new(tcp, move |s| greet(s, &greet_cfg), cfg.timeout, "cm").map_err(io)?;
+        let out = loop {
+            let left = deadline.map_or(Duration::from_secs(1), |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+            match greeter.next(left).map_err(io)? {
+                Some((s, from, g)) => match finish(s, g, qp, buf, cfg) {
                     Ok(c) => break Ok(c),
                     Err(e) => {
-                        self.dropped_one(from, &e);
+                        greeter.drop_one(from, &e);
                         qp.modify(
                             &crate::QpAttr {
                                 qp_state: crate::QpState::Reset,
@@ -359,16 +349,16 @@ impl Listener {
                         )?;
                     }
                 },
-                Ok((_, from, Err(e))) => self.dropped_one(from, &e),
-                Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                None if deadline.is_some_and(|d| Instant::now() >= d) => {
                     break Err(VerbsError::new(
                         V,
                         ErrorKind::Timeout("no client completed the handshake".into()),
                     ));
                 }
-                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+                None => {}
             }
         };
+        self.dropped.fetch_add(greeter.dropped(), Ordering::Relaxed);
         let _ = self.tcp.set_nonblocking(false);
         out
     }
@@ -377,47 +367,7 @@ impl Listener {
     pub fn dropped(&self) -> usize {
         self.dropped.load(Ordering::Relaxed)
     }
-
-    fn dropped_one(&self, from: SocketAddr, e: &VerbsError) {
-        let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
-        tracing::warn!(target: "monel::cm", "dropped a connection from {from} ({n} so far): {e}");
-    }
-
-    /// Reads `s`'s request on a thread of its own; the outcome goes to `tx`.
-    fn greet_apart(
-        &self,
-        s: TcpStream,
-        from: SocketAddr,
-        cfg: &CmConfig,
-        tx: &mpsc::Sender<(TcpStream, SocketAddr, Result<Greeted>)>,
-        pending: &Arc<AtomicUsize>,
-    ) {
-        if pending.load(Ordering::Acquire) >= MAX_PENDING {
-            self.dropped_one(from, &peer("too many connections still handshaking"));
-            return;
-        }
-        pending.fetch_add(1, Ordering::AcqRel);
-        let (tx, pending2, cfg) = (tx.clone(), pending.clone(), cfg.clone());
-        let spawned = std::thread::Builder::new()
-            .name("monel-cm".into())
-            .spawn(move || {
-                let mut s = s;
-                let g = s
-                    .set_nonblocking(false)
-                    .map_err(io)
-                    .and_then(|()| greet(&mut s, &cfg));
-                pending2.fetch_sub(1, Ordering::AcqRel);
-                let _ = tx.send((s, from, g));
-            });
-        if spawned.is_err() {
-            pending.fetch_sub(1, Ordering::AcqRel);
-            self.dropped_one(from, &peer("no thread to serve it"));
-        }
-    }
 }
-
-/// Connections [`Listener::serve`] reads at once, at most; more are closed at once.
-const MAX_PENDING: usize = 64;
 
 /// A request the server read and checked, before any QP was touched.
 struct Greeted {

@@ -25,6 +25,8 @@ mod cq;
 pub mod device;
 mod error;
 mod event;
+#[doc(hidden)]
+pub mod greeter;
 pub mod limits;
 mod mr;
 mod pd;
