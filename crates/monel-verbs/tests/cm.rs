@@ -22,6 +22,28 @@ fn cfg(secret: Option<&str>) -> CmConfig {
 
 type Met = Result<(cm::Connection, Side)>;
 
+/// READs the 4 KiB buffer `b` the peer offered, through side `c`'s QP; checks that the READ
+/// completed and returns the bytes.
+fn read_remote(c: &Side, b: BufferInfo) -> Vec<u8> {
+    let dst =
+        c.pd.reg_mr(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    c.qp.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Read(RemoteAddr {
+            addr: b.addr,
+            rkey: b.rkey,
+        }),
+        sg_list: vec![dst.sge(0, 4096)],
+        flags: signaled(),
+    })
+    .unwrap();
+    assert_eq!(one(&c.cq).status, WcStatus::Success);
+    let mut got = vec![0u8; 4096];
+    dst.read(0, &mut got).unwrap();
+    got
+}
+
 /// Runs a server with `server_secret` and a client with `client_secret`; returns both results.
 fn meet(
     x: u8,
@@ -65,21 +87,7 @@ fn exchange_brings_both_to_rts_and_read_works() {
     assert_eq!(cc.mtu, Mtu::Mtu4096);
     assert!(sc.remote_buf.is_none());
     let b = cc.remote_buf.expect("server offered a buffer");
-    let dst =
-        c.pd.reg_mr(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)
-            .unwrap();
-    c.qp.post_send(SendWr {
-        wr_id: 1,
-        op: SendOp::Read(RemoteAddr {
-            addr: b.addr,
-            rkey: b.rkey,
-        }),
-        sg_list: vec![dst.sge(0, 4096)],
-        flags: signaled(),
-    })
-    .unwrap();
-    assert_eq!(one(&c.cq).status, WcStatus::Success);
-    assert!(dst.lock().unwrap().iter().all(|&x| x == 7));
+    assert!(read_remote(&c, b).iter().all(|&x| x == 7));
     let t = thread::spawn(move || sc.barrier().map(|()| sc));
     cc.barrier().unwrap();
     t.join().unwrap().unwrap();
@@ -231,23 +239,7 @@ fn a_serving_listener_survives_hostile_connections_and_serves_the_real_client() 
     let c = side(&format!("127.0.0.{}", x + 1), port);
     let cc = cm::connect(addr, &c.qp, None, &cfg(Some("k3y"))).unwrap();
     let b = cc.remote_buf.expect("the server offered its buffer");
-    let dst =
-        c.pd.reg_mr(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)
-            .unwrap();
-    c.qp.post_send(SendWr {
-        wr_id: 1,
-        op: SendOp::Read(RemoteAddr {
-            addr: b.addr,
-            rkey: b.rkey,
-        }),
-        sg_list: vec![dst.sge(0, 4096)],
-        flags: signaled(),
-    })
-    .unwrap();
-    assert_eq!(one(&c.cq).status, WcStatus::Success);
-    let mut got = vec![0u8; 4096];
-    dst.read(0, &mut got).unwrap();
-    assert!(got.iter().all(|&v| v == 9));
+    assert!(read_remote(&c, b).iter().all(|&v| v == 9));
     let (served, dropped) = srv.join().unwrap();
     served.expect("the server accepted the real client");
     // Garbage, the oversized prefix and the intruder; silent ones are still pending.
