@@ -1,6 +1,23 @@
 //! Bootstrap: a unique id (the root's address and a random token, passed out of band) or the
 //! environment of torchrun, Slurm or mpirun; a TCP rendezvous at the root that hands every
 //! rank the table of everyone's addresses; then a full mesh of links.
+//!
+//! Every connection is a mutual challenge-response under the job key (see
+//! [`UniqueId::job_key`]): the side that accepts sends a fresh nonce, the side that dials
+//! answers with its own nonce and an HMAC over both, its rank, the rank count and what it
+//! sends; the acceptor answers with an HMAC of its own over the same. A rank is trusted only
+//! once it proved the key, and each mesh link gets a key of its own from both nonces.
+//!
+//! ```text
+//! rendezvous  root -> rank  "MNL3" nonce_r
+//!             rank -> root  "MNL3" n r addrs[5] nonce_c proof("register", nonce_r, nonce_c, n, r, addrs)
+//!             root -> rank  "MNL3" 0 len table proof("table", nonce_c, nonce_r, r, table)
+//!                           (or "MNL3" 1 reason: refused)
+//! mesh        i -> j        "MNLH" nonce_i
+//!             j -> i        "MNLH" j nonce_j proof("hello", nonce_i, nonce_j, j, i)
+//!             i -> j        "MNLH" proof("welcome", nonce_j, nonce_i, i, j)
+//! link key    derive("link", nonce_i, nonce_j, i, j)
+//! ```
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
@@ -9,9 +26,10 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use crate::error::{CclError, Result};
+use monel_verbs::auth::{Key, Nonce, Proof, nonce};
 use monel_verbs::greeter::Greeter;
 
-const MAGIC_BOOT: &[u8; 4] = b"MNL2";
+const MAGIC_BOOT: &[u8; 4] = b"MNL3";
 const MAGIC_HELLO: &[u8; 4] = b"MNLH";
 
 /// Where the rendezvous is and the token every rank must present (NCCL's `ncclUniqueId`).
@@ -26,8 +44,14 @@ pub struct UniqueId {
 
 impl UniqueId {
     /// Starts a rendezvous on `bind` (port 0 picks one) in a background thread that serves
-    /// one communicator, and returns its id.
+    /// one communicator, and returns its id. Ranks must hold the secret of
+    /// `MONEL_SECRET_FILE` or `MONEL_SECRET` when one is set here (see [`Self::create_with`]).
     pub fn create(bind: SocketAddr) -> Result<Self> {
+        Self::create_with(bind, crate::comm::secret_from_env()?.as_ref())
+    }
+
+    /// As [`Self::create`], for ranks that hold `secret` ([`crate::CommConfig::secret`]).
+    pub fn create_with(bind: SocketAddr, secret: Option<&Key>) -> Result<Self> {
         let l = TcpListener::bind(bind)
             .map_err(|e| CclError::io(format!("bind rendezvous {bind}"), e))?;
         let root = l
@@ -37,11 +61,22 @@ impl UniqueId {
         getrandom::getrandom(&mut token)
             .map_err(|e| CclError::bootstrap(format!("random token: {e}")))?;
         let id = Self { root, token };
-        serve_root(l, token);
+        serve_root(l, id.job_key(secret));
         Ok(id)
     }
 
-    /// The id a launcher's variables imply: every rank computes the same token from them.
+    /// The key every rank of this job proves it holds: derived from `secret` and the token
+    /// when a secret is configured, from the token alone otherwise (then only as secret as
+    /// the id itself: a random id passed privately, or a launcher's, which anyone can compute).
+    pub fn job_key(&self, secret: Option<&Key>) -> Key {
+        match secret {
+            Some(k) => k.derive("job", &[&self.token]),
+            None => Key::from_secret(&self.token).derive("job", &[]),
+        }
+    }
+
+    /// The id a launcher's variables imply: every rank computes the same token from them
+    /// (and so can anyone else: only a configured secret authenticates such a job).
     pub fn from_parts(root: SocketAddr, job: &str) -> Self {
         // FNV-1a over the job identity, twice with different seeds.
         let mut token = [0u8; 16];
@@ -105,6 +140,9 @@ pub(crate) struct Launch {
     pub id: UniqueId,
     /// Which launcher's variables were read (`torchrun`, `slurm`, `mpirun`, `unique id`).
     pub source: &'static str,
+    /// Whether the id's token came from public values (a launcher's variables), so that
+    /// only a configured secret authenticates the ranks.
+    pub public_token: bool,
 }
 
 fn var(env: &dyn Fn(&str) -> Option<String>, names: &[&str]) -> Option<String> {
@@ -157,6 +195,7 @@ pub(crate) fn launch_from(env: &dyn Fn(&str) -> Option<String>) -> Result<Launch
             "rank {rank} is not below the rank count {nranks}"
         )));
     }
+    let public_token = var(env, &["MONEL_UNIQUE_ID"]).is_none();
     let id = if let Some(s) = var(env, &["MONEL_UNIQUE_ID"]) {
         s.parse()?
     } else {
@@ -190,6 +229,7 @@ pub(crate) fn launch_from(env: &dyn Fn(&str) -> Option<String>) -> Result<Launch
         local_rank: local,
         id,
         source,
+        public_token,
     })
 }
 
@@ -235,15 +275,15 @@ fn get_u32(s: &mut impl Read) -> std::io::Result<u32> {
     Ok(u32::from_le_bytes(b))
 }
 
-/// Serves a rendezvous at `addr` with `token` (rank 0 of a launcher-started job).
-pub(crate) fn serve_at(addr: SocketAddr, token: [u8; 16]) -> Result<()> {
+/// Serves a rendezvous at `addr` for the job `key` names (rank 0 of a launcher-started job).
+pub(crate) fn serve_at(addr: SocketAddr, key: Key) -> Result<()> {
     let l = TcpListener::bind(addr).map_err(|e| {
         CclError::io(
             format!("rank 0: serve the rendezvous at {addr} (MASTER_ADDR:MASTER_PORT)"),
             e,
         )
     })?;
-    serve_root(l, token);
+    serve_root(l, key);
     Ok(())
 }
 
@@ -257,22 +297,62 @@ const MAX_GROUPS: usize = 8;
 /// How long a connection may take to send its registration.
 const REGISTRATION_TIME: Duration = Duration::from_secs(5);
 
-/// One rank's registration: token, rank count, rank, and its five address strings.
-type Registration = ([u8; 16], u32, u32, [String; 5]);
+/// One rank's registration: rank count, rank, its five address strings, its nonce and proof.
+#[derive(Debug, Clone)]
+pub(crate) struct Registration {
+    pub(crate) nranks: u32,
+    pub(crate) rank: u32,
+    pub(crate) addrs: [String; 5],
+    pub(crate) nonce: Nonce,
+    pub(crate) proof: Proof,
+}
 
-pub(crate) fn read_registration(s: &mut impl Read) -> std::io::Result<Registration> {
-    let mut m = [0u8; 4];
-    s.read_exact(&mut m)?;
-    if &m != MAGIC_BOOT {
+fn addr_bytes(addrs: &[String]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for a in addrs {
+        put_str(&mut out, a);
+    }
+    out
+}
+
+impl Registration {
+    /// What the proof covers, given the root's nonce.
+    fn proved(&self, key: &Key, root_nonce: &Nonce) -> bool {
+        key.verify(
+            &[
+                b"register",
+                root_nonce,
+                &self.nonce,
+                &self.nranks.to_le_bytes(),
+                &self.rank.to_le_bytes(),
+                &addr_bytes(&self.addrs),
+            ],
+            &self.proof,
+        )
+    }
+}
+
+fn read_array<const N: usize>(s: &mut impl Read) -> std::io::Result<[u8; N]> {
+    let mut b = [0u8; N];
+    s.read_exact(&mut b)?;
+    Ok(b)
+}
+
+fn expect_magic(s: &mut impl Read, magic: &[u8; 4], what: &str) -> std::io::Result<()> {
+    if &read_array::<4>(s)? != magic {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            "not a Monel registration",
+            format!("not a Monel {what}"),
         ));
     }
-    let mut t = [0u8; 16];
-    s.read_exact(&mut t)?;
-    let n = get_u32(s)?;
-    let r = get_u32(s)?;
+    Ok(())
+}
+
+/// A registration as the root reads it (after its challenge).
+pub(crate) fn read_registration(s: &mut impl Read) -> std::io::Result<Registration> {
+    expect_magic(s, MAGIC_BOOT, "registration")?;
+    let nranks = get_u32(s)?;
+    let rank = get_u32(s)?;
     let addrs = [
         get_str(s)?,
         get_str(s)?,
@@ -280,48 +360,80 @@ pub(crate) fn read_registration(s: &mut impl Read) -> std::io::Result<Registrati
         get_str(s)?,
         get_str(s)?,
     ];
-    Ok((t, n, r, addrs))
+    Ok(Registration {
+        nranks,
+        rank,
+        addrs,
+        nonce: read_array(s)?,
+        proof: read_array(s)?,
+    })
 }
 
-fn refuse(mut s: TcpStream, why: &str) {
+fn refuse(s: &mut TcpStream, why: &str) {
     let mut out = MAGIC_BOOT.to_vec();
     out.push(1);
     put_str(&mut out, why);
     let _ = s.write_all(&out);
 }
 
+/// The root's side of one connection: its challenge, then a registration that proves the
+/// job key (refused with a message otherwise). Returns the registration and the challenge.
+fn greet_rank(s: &mut TcpStream, key: &Key) -> std::io::Result<(Registration, Nonce)> {
+    let challenge = nonce();
+    let mut hello = MAGIC_BOOT.to_vec();
+    hello.extend(challenge);
+    s.write_all(&hello)?;
+    let reg = read_registration(s)?;
+    if !reg.proved(key, &challenge) {
+        let why = "could not prove the job key: wrong unique id or secret (MONEL_SECRET_FILE)";
+        refuse(s, why);
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            why,
+        ));
+    }
+    Ok((reg, challenge))
+}
+
+/// A registered rank, waiting for the table.
+struct Waiting {
+    s: TcpStream,
+    addrs: [String; 5],
+    /// Its nonce and the root's challenge, which the table's proof covers.
+    nonces: (Nonce, Nonce),
+}
+
 /// The root: collects one registration per rank, then sends everyone the table.
 ///
-/// Every connection is read on its own ([`crate::accept`]), so silent ones delay nobody.
-/// Registrations are kept by the rank count they claim, and the first count whose ranks all
-/// registered forms the communicator: a registration claiming another count (or an absurd
-/// one) cannot lock the real ranks out or make the root allocate for it. A wrong token, a
-/// rank out of range or a rank already taken is refused with a message.
-fn serve_root(l: TcpListener, token: [u8; 16]) {
+/// Every connection is read on its own ([`Greeter`]), so silent ones delay nobody, and only
+/// registrations that prove the job key count. Registrations are kept by the rank count they
+/// claim, and the first count whose ranks all registered forms the communicator: a
+/// registration claiming another count (or an absurd one) cannot lock the real ranks out or
+/// make the root allocate for it. A rank out of range or already taken is refused with a
+/// message.
+fn serve_root(l: TcpListener, key: Key) {
     std::thread::Builder::new()
         .name("monel-root".into())
         .spawn(move || {
+            let k = key.clone();
             let Ok(mut greeter) = Greeter::new(
                 l,
-                |s: &mut TcpStream| read_registration(s),
+                move |s: &mut TcpStream| greet_rank(s, &k),
                 REGISTRATION_TIME,
                 "rendezvous",
             ) else {
                 return;
             };
-            let mut groups: HashMap<usize, BTreeMap<usize, (TcpStream, [String; 5])>> =
-                HashMap::new();
+            let mut groups: HashMap<usize, BTreeMap<usize, Waiting>> = HashMap::new();
             let formed = loop {
                 let Ok(next) = greeter.next(Duration::from_secs(1)) else {
                     return;
                 };
-                let Some((s, peer, (t, n, r, addrs))) = next else {
+                let Some((mut s, peer, (reg, challenge))) = next else {
                     continue;
                 };
-                let (n, r) = (n as usize, r as usize);
-                let why = if t != token {
-                    Some("wrong unique id: this rendezvous serves another communicator".into())
-                } else if n == 0 || n > MAX_RANKS {
+                let (n, r) = (reg.nranks as usize, reg.rank as usize);
+                let why = if n == 0 || n > MAX_RANKS {
                     Some(format!("rank count {n} is not in 1..={MAX_RANKS}"))
                 } else if r >= n {
                     Some(format!("rank {r} is out of range for {n} ranks"))
@@ -336,30 +448,45 @@ fn serve_root(l: TcpListener, token: [u8; 16]) {
                 };
                 if let Some(why) = why {
                     greeter.drop_one(peer, &why);
-                    refuse(s, &why);
+                    refuse(&mut s, &why);
                     continue;
                 }
                 let group = groups.entry(n).or_default();
-                group.insert(r, (s, addrs));
+                group.insert(
+                    r,
+                    Waiting {
+                        s,
+                        addrs: reg.addrs,
+                        nonces: (reg.nonce, challenge),
+                    },
+                );
                 if group.len() == n {
                     break n;
                 }
             };
             let ranks = groups.remove(&formed).unwrap_or_default();
-            let mut table = MAGIC_BOOT.to_vec();
-            table.push(0);
-            for (_, addrs) in ranks.values() {
-                for a in addrs {
-                    put_str(&mut table, a);
-                }
+            let mut table = Vec::new();
+            for w in ranks.values() {
+                table.extend(addr_bytes(&w.addrs));
             }
-            for (_, (mut s, _)) in ranks {
-                let _ = s.write_all(&table);
+            for (r, mut w) in ranks {
+                let mut out = MAGIC_BOOT.to_vec();
+                out.push(0);
+                out.extend((table.len() as u64).to_le_bytes());
+                out.extend(&table);
+                out.extend(key.prove(&[
+                    b"table",
+                    &w.nonces.0,
+                    &w.nonces.1,
+                    &(r as u32).to_le_bytes(),
+                    &table,
+                ]));
+                let _ = w.s.write_all(&out);
             }
             for (n, group) in groups {
-                for (_, (s, _)) in group {
+                for (_, mut w) in group {
                     refuse(
-                        s,
+                        &mut w.s,
                         &format!("a communicator of {formed} ranks formed, not one of {n}"),
                     );
                 }
@@ -368,10 +495,14 @@ fn serve_root(l: TcpListener, token: [u8; 16]) {
         .expect("spawn rendezvous thread");
 }
 
+/// Most bytes of a rendezvous table per rank (five length-prefixed strings).
+const MAX_TABLE_PER_RANK: u64 = 5 * (2 + u16::MAX as u64);
+
 /// Registers with the root and returns everyone's addresses. Retries the connection until
 /// `deadline` (the root may start later than this rank).
 pub(crate) fn rendezvous(
     id: &UniqueId,
+    key: &Key,
     nranks: usize,
     rank: usize,
     mine: &PeerAddrs,
@@ -389,25 +520,11 @@ pub(crate) fn rendezvous(
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
     };
-    let mut out = MAGIC_BOOT.to_vec();
-    out.extend(id.token);
-    out.extend((nranks as u32).to_le_bytes());
-    out.extend((rank as u32).to_le_bytes());
-    put_str(&mut out, &mine.data.to_string());
-    put_str(&mut out, &mine.status.to_string());
-    put_str(&mut out, &mine.machine);
-    put_str(&mut out, &mine.host);
-    put_str(&mut out, &mine.cpus);
     let left = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(10));
-    let _ = s.set_read_timeout(Some(left));
+    let _ = s.set_read_timeout(Some(left.min(REGISTRATION_TIME)));
     let io = |e: std::io::Error| {
-        CclError::bootstrap(format!("rank {rank}: rendezvous at {}: {e}", id.root))
-    };
-    s.write_all(&out).map_err(io)?;
-    let mut m = [0u8; 5];
-    s.read_exact(&mut m).map_err(|e| {
         if matches!(
             e.kind(),
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
@@ -420,14 +537,60 @@ pub(crate) fn rendezvous(
                 ),
             )
         } else {
-            io(e)
+            CclError::bootstrap(format!("rank {rank}: rendezvous at {}: {e}", id.root))
         }
-    })?;
-    if &m[..4] != MAGIC_BOOT {
-        return Err(CclError::bootstrap(format!(
+    };
+    let not_root = || {
+        CclError::bootstrap(format!(
             "rank {rank}: {} is not a Monel rendezvous",
             id.root
-        )));
+        ))
+    };
+    let mut m = [0u8; 20];
+    s.read_exact(&mut m).map_err(io)?;
+    if &m[..4] != MAGIC_BOOT {
+        return Err(not_root());
+    }
+    let challenge: Nonce = m[4..].try_into().expect("16 bytes");
+    let addrs = [
+        mine.data.to_string(),
+        mine.status.to_string(),
+        mine.machine.clone(),
+        mine.host.clone(),
+        mine.cpus.clone(),
+    ];
+    let mut reg = Registration {
+        nranks: nranks as u32,
+        rank: rank as u32,
+        addrs,
+        nonce: nonce(),
+        proof: [0; 32],
+    };
+    let body = addr_bytes(&reg.addrs);
+    reg.proof = key.prove(&[
+        b"register",
+        &challenge,
+        &reg.nonce,
+        &reg.nranks.to_le_bytes(),
+        &reg.rank.to_le_bytes(),
+        &body,
+    ]);
+    let mut out = MAGIC_BOOT.to_vec();
+    out.extend(reg.nranks.to_le_bytes());
+    out.extend(reg.rank.to_le_bytes());
+    out.extend(&body);
+    out.extend(reg.nonce);
+    out.extend(reg.proof);
+    s.write_all(&out).map_err(io)?;
+    let _ = s.set_read_timeout(Some(
+        deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(10)),
+    ));
+    let mut m = [0u8; 5];
+    s.read_exact(&mut m).map_err(io)?;
+    if &m[..4] != MAGIC_BOOT {
+        return Err(not_root());
     }
     if m[4] != 0 {
         let why = get_str(&mut s).unwrap_or_default();
@@ -435,7 +598,34 @@ pub(crate) fn rendezvous(
             "rank {rank}: the rendezvous refused this rank: {why}"
         )));
     }
-    read_table(&mut s, nranks, &io)
+    let len = u64::from_le_bytes(read_array(&mut s).map_err(io)?);
+    if len > MAX_TABLE_PER_RANK * nranks as u64 {
+        return Err(CclError::bootstrap(format!(
+            "rank {rank}: a rendezvous table of {len} bytes for {nranks} ranks"
+        )));
+    }
+    // Read as it arrives: the length is not trusted with an allocation.
+    let mut table = Vec::new();
+    (&mut s).take(len).read_to_end(&mut table).map_err(io)?;
+    let proof: Proof = read_array(&mut s).map_err(io)?;
+    if table.len() as u64 != len
+        || !key.verify(
+            &[
+                b"table",
+                &reg.nonce,
+                &challenge,
+                &reg.rank.to_le_bytes(),
+                &table,
+            ],
+            &proof,
+        )
+    {
+        return Err(CclError::bootstrap(format!(
+            "rank {rank}: the rendezvous at {} could not prove the job key",
+            id.root
+        )));
+    }
+    read_table(&mut std::io::Cursor::new(table), nranks, &io)
 }
 
 /// The rendezvous table: every rank's addresses, in rank order.
@@ -444,7 +634,7 @@ pub(crate) fn read_table<R: Read>(
     nranks: usize,
     io: &dyn Fn(std::io::Error) -> CclError,
 ) -> Result<Vec<PeerAddrs>> {
-    let mut table = Vec::with_capacity(nranks.min(MAX_RANKS));
+    let mut table = Vec::with_capacity(nranks.min(1024));
     for _ in 0..nranks {
         let parse = |t: String| {
             t.parse::<SocketAddr>()
@@ -469,86 +659,206 @@ pub(crate) fn read_table<R: Read>(
 /// How long a connection to the mesh listener may take to say who it is.
 const HELLO_TIME: Duration = Duration::from_secs(5);
 
-/// A mesh connection's hello: the token and the dialer's rank.
-pub(crate) fn read_hello(s: &mut impl Read) -> std::io::Result<([u8; 16], u32)> {
-    let mut h = [0u8; 24];
-    s.read_exact(&mut h)?;
-    if &h[..4] != MAGIC_HELLO {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "not a Monel hello",
-        ));
-    }
-    let t = h[4..20].try_into().expect("16 bytes");
-    Ok((
-        t,
-        u32::from_le_bytes(h[20..24].try_into().expect("4 bytes")),
-    ))
+/// A mesh connection's hello: the dialer's rank, its nonce and its proof.
+pub(crate) fn read_hello(s: &mut impl Read) -> std::io::Result<(u32, Nonce, Proof)> {
+    expect_magic(s, MAGIC_HELLO, "hello")?;
+    let j = u32::from_le_bytes(read_array(s)?);
+    Ok((j, read_array(s)?, read_array(s)?))
 }
 
-/// Connects the full mesh: dials every lower rank, accepts every higher one. Each
-/// connection opens with the token and the dialer's rank; the listener reads every
-/// connection's hello on its own, so a silent or garbled one delays nobody.
+/// The key of the link between `acceptor` and `dialer`, from both nonces.
+fn link_key(key: &Key, acceptor: usize, dialer: usize, na: &Nonce, nd: &Nonce) -> Key {
+    key.derive(
+        "link",
+        &[
+            na,
+            nd,
+            &(acceptor as u32).to_le_bytes(),
+            &(dialer as u32).to_le_bytes(),
+        ],
+    )
+}
+
+/// The acceptor's side of a mesh connection: its challenge, a hello that proves the job
+/// key from a rank above this one, and its own proof. Returns the dialer and the link key.
+fn greet_peer(
+    s: &mut TcpStream,
+    key: &Key,
+    rank: usize,
+    n: usize,
+) -> std::io::Result<(usize, Key)> {
+    let challenge = nonce();
+    let mut m = MAGIC_HELLO.to_vec();
+    m.extend(challenge);
+    s.write_all(&m)?;
+    let (j, nd, proof) = read_hello(s)?;
+    let fail = |why: String| std::io::Error::new(std::io::ErrorKind::PermissionDenied, why);
+    if !key.verify(
+        &[
+            b"hello",
+            &challenge,
+            &nd,
+            &j.to_le_bytes(),
+            &(rank as u32).to_le_bytes(),
+        ],
+        &proof,
+    ) {
+        return Err(fail(
+            "could not prove the job key: not a rank of this communicator".into(),
+        ));
+    }
+    let j = j as usize;
+    if j <= rank || j >= n {
+        return Err(fail(format!("rank {j} is not expected here")));
+    }
+    let mut m = MAGIC_HELLO.to_vec();
+    m.extend(key.prove(&[
+        b"welcome",
+        &nd,
+        &challenge,
+        &(rank as u32).to_le_bytes(),
+        &(j as u32).to_le_bytes(),
+    ]));
+    s.write_all(&m)?;
+    Ok((j, link_key(key, rank, j, &challenge, &nd)))
+}
+
+/// The dialer's side of a mesh connection to rank `j`: answers its challenge and checks
+/// its proof. Returns the link key.
+fn dial_peer(s: &mut TcpStream, key: &Key, rank: usize, j: usize) -> std::io::Result<Key> {
+    s.set_read_timeout(Some(HELLO_TIME))?;
+    let mut m = [0u8; 20];
+    s.read_exact(&mut m)?;
+    if &m[..4] != MAGIC_HELLO {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not a Monel rank",
+        ));
+    }
+    let challenge: Nonce = m[4..].try_into().expect("16 bytes");
+    let mine = nonce();
+    let mut out = MAGIC_HELLO.to_vec();
+    out.extend((rank as u32).to_le_bytes());
+    out.extend(mine);
+    out.extend(key.prove(&[
+        b"hello",
+        &challenge,
+        &mine,
+        &(rank as u32).to_le_bytes(),
+        &(j as u32).to_le_bytes(),
+    ]));
+    s.write_all(&out)?;
+    let mut m = [0u8; 36];
+    s.read_exact(&mut m)?;
+    let proved = &m[..4] == MAGIC_HELLO
+        && key.verify(
+            &[
+                b"welcome",
+                &mine,
+                &challenge,
+                &(j as u32).to_le_bytes(),
+                &(rank as u32).to_le_bytes(),
+            ],
+            &m[4..],
+        );
+    if !proved {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "it could not prove the job key",
+        ));
+    }
+    s.set_read_timeout(None)?;
+    Ok(link_key(key, j, rank, &challenge, &mine))
+}
+
+/// A mesh connection to a peer that proved the job key, and the link's own key.
+pub(crate) type Peer = (TcpStream, Key);
+
+/// Connects the full mesh: dials every lower rank (on a thread of its own) while accepting
+/// every higher one. Each connection is a mutual challenge-response under the job key; the
+/// listener reads every connection on its own, so a silent or garbled one delays nobody.
 pub(crate) fn mesh(
     listener: &TcpListener,
     table: &[PeerAddrs],
     rank: usize,
-    token: [u8; 16],
+    key: &Key,
     deadline: Instant,
-) -> Result<Vec<Option<TcpStream>>> {
+) -> Result<Vec<Option<Peer>>> {
     let n = table.len();
-    let mut out: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
-    for (j, peer) in table.iter().enumerate().take(rank) {
-        let mut s =
-            TcpStream::connect_timeout(&peer.data, Duration::from_secs(5)).map_err(|e| {
-                CclError::io(
-                    format!("rank {rank}: connect to rank {j} at {}", peer.data),
-                    e,
-                )
-            })?;
-        let mut hello = MAGIC_HELLO.to_vec();
-        hello.extend(token);
-        hello.extend((rank as u32).to_le_bytes());
-        s.write_all(&hello)
-            .map_err(|e| CclError::io(format!("rank {rank}: hello to rank {j}"), e))?;
-        out[j] = Some(s);
-    }
+    let mut out: Vec<Option<Peer>> = (0..n).map(|_| None).collect();
     let listener = listener
         .try_clone()
         .map_err(|e| CclError::io("listener", e))?;
+    let k = key.clone();
     let mut greeter = Greeter::new(
         listener,
-        |s: &mut TcpStream| read_hello(s),
+        move |s: &mut TcpStream| greet_peer(s, &k, rank, n),
         HELLO_TIME,
         "mesh",
     )
     .map_err(|e| CclError::io("listener", e))?;
-    while out.iter().enumerate().any(|(j, s)| j > rank && s.is_none()) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match greeter.next(left).map_err(|e| CclError::io("accept", e))? {
-            Some((s, peer, (t, j))) => {
-                let j = j as usize;
-                if t != token {
-                    greeter.drop_one(peer, &"wrong token: not a rank of this communicator");
-                } else if j <= rank || j >= n || out[j].is_some() {
-                    greeter.drop_one(peer, &format!("rank {j} is not expected here"));
-                } else {
-                    let _ = s.set_read_timeout(None);
-                    out[j] = Some(s);
+    std::thread::scope(|scope| {
+        let dials = scope.spawn(|| {
+            let mut got = Vec::with_capacity(rank);
+            for (j, peer) in table.iter().enumerate().take(rank) {
+                let mut s = TcpStream::connect_timeout(&peer.data, Duration::from_secs(5))
+                    .map_err(|e| {
+                        CclError::io(
+                            format!("rank {rank}: connect to rank {j} at {}", peer.data),
+                            e,
+                        )
+                    })?;
+                let k = dial_peer(&mut s, key, rank, j).map_err(|e| {
+                    CclError::io(
+                        format!("rank {rank}: hello to rank {j} at {}", peer.data),
+                        e,
+                    )
+                })?;
+                got.push((s, k));
+            }
+            Ok::<_, CclError>(got)
+        });
+        let mut dials = Some(dials);
+        let mut lower = None;
+        while out.iter().enumerate().any(|(j, s)| j > rank && s.is_none()) {
+            // A failed dial ends the wait for the higher ranks.
+            if dials.as_ref().is_some_and(|d| d.is_finished()) {
+                let d = dials.take().expect("checked");
+                lower = Some(d.join().expect("dialing thread")?);
+            }
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(100));
+            match greeter.next(left).map_err(|e| CclError::io("accept", e))? {
+                Some((s, peer, (j, k))) => {
+                    if out[j].is_some() {
+                        greeter.drop_one(peer, &format!("rank {j} is already connected"));
+                    } else {
+                        let _ = s.set_read_timeout(None);
+                        out[j] = Some((s, k));
+                    }
                 }
+                None if Instant::now() >= deadline => {
+                    let missing: Vec<usize> = (rank + 1..n).filter(|&j| out[j].is_none()).collect();
+                    return Err(CclError::new(
+                        crate::ErrorKind::Timeout,
+                        format!("rank {rank}: ranks {missing:?} never connected"),
+                    )
+                    .with_ranks(missing));
+                }
+                None => {}
             }
-            None if Instant::now() >= deadline => {
-                let missing: Vec<usize> = (rank + 1..n).filter(|&j| out[j].is_none()).collect();
-                return Err(CclError::new(
-                    crate::ErrorKind::Timeout,
-                    format!("rank {rank}: ranks {missing:?} never connected"),
-                )
-                .with_ranks(missing));
-            }
-            None => {}
         }
-    }
-    Ok(out)
+        let lower = match (lower, dials) {
+            (Some(l), _) => l,
+            (None, Some(d)) => d.join().expect("dialing thread")?,
+            (None, None) => unreachable!("joined once"),
+        };
+        for (j, p) in lower.into_iter().enumerate() {
+            out[j] = Some(p);
+        }
+        Ok(out)
+    })
 }
 
 #[cfg(test)]
@@ -637,7 +947,7 @@ mod tests {
                         cpus: format!("{r}/1"),
                     };
                     let deadline = Instant::now() + Duration::from_secs(10);
-                    rendezvous(&id, 2, r, &mine, deadline).unwrap()
+                    rendezvous(&id, &id.job_key(None), 2, r, &mine, deadline).unwrap()
                 })
             })
             .collect();

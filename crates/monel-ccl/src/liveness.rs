@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::error::{CclError, ErrorKind, Result};
 
 /// Asks one rank's status endpoint; true if it answered.
-pub(crate) type Probe = fn(SocketAddr) -> bool;
+pub(crate) type Probe<'a> = &'a dyn Fn(SocketAddr) -> bool;
 
 /// The liveness check of one call.
 pub(crate) struct Liveness<'a> {
@@ -19,7 +19,7 @@ pub(crate) struct Liveness<'a> {
     status: &'a [SocketAddr],
     /// A peer silent this long is named.
     bound: Duration,
-    probe: Probe,
+    probe: Probe<'a>,
     /// When the peers waited on were last asked.
     probed_at: Option<Instant>,
     /// Since when each peer has not answered (`None`: it answered last time).
@@ -28,7 +28,7 @@ pub(crate) struct Liveness<'a> {
 
 impl<'a> Liveness<'a> {
     /// Names peers silent for `bound`, asking them with `probe`.
-    pub(crate) fn new(status: &'a [SocketAddr], bound: Duration, probe: Probe) -> Self {
+    pub(crate) fn new(status: &'a [SocketAddr], bound: Duration, probe: Probe<'a>) -> Self {
         Self {
             status,
             bound,
@@ -118,12 +118,12 @@ mod tests {
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_millis(s);
         // Answering peers: never named, however long the stall.
-        let mut l = Liveness::new(&addrs, bound, always);
+        let mut l = Liveness::new(&addrs, bound, &always);
         for ms in (0..120_000).step_by(500) {
             l.check(at(ms), t0, &[1, 2], "call").unwrap();
         }
         // A silent peer: asked from 2 s into the stall, named by 10 s.
-        let mut l = Liveness::new(&addrs, bound, never);
+        let mut l = Liveness::new(&addrs, bound, &never);
         let mut named = None;
         for ms in (0..20_000).step_by(100) {
             if let Err(e) = l.check(at(ms), t0, &[2], "all_reduce #7") {
@@ -137,7 +137,7 @@ mod tests {
         assert_eq!(e.ranks, vec![2]);
         assert!(e.message.contains("rank 2 has not answered"), "{e}");
         // Not asked before the stall is long enough.
-        let mut l = Liveness::new(&addrs, bound, never);
+        let mut l = Liveness::new(&addrs, bound, &never);
         l.check(at(1_000), t0, &[2], "x").unwrap();
         assert!(l.probed_at.is_none());
     }

@@ -121,6 +121,21 @@ where
     }
 }
 
+/// Says once per process that a launcher-started job has no secret, so its ranks are not
+/// authenticated (anyone who can reach the rendezvous and computes the launcher's id may
+/// join).
+pub(crate) fn unauthenticated(launcher: &str) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    let _ = init_from_env();
+    ONCE.call_once(|| {
+        tracing::warn!(
+            target: "monel::init",
+            "no job secret (MONEL_SECRET_FILE or MONEL_SECRET) for this {launcher} job: \
+             ranks are not authenticated, and anyone who can reach MASTER_ADDR may join"
+        );
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

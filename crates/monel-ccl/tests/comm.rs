@@ -420,7 +420,7 @@ fn a_wrong_unique_id_is_refused() {
         ..CommConfig::default()
     };
     let e = Communicator::init_rank(2, 1, &wrong, cfg).err().unwrap();
-    assert!(e.message.contains("wrong unique id"), "{e}");
+    assert!(e.message.contains("wrong unique id or secret"), "{e}");
 }
 
 #[test]

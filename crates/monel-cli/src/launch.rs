@@ -1,6 +1,9 @@
 //! `monel launch -n N -- CMD ...`: runs N local ranks of CMD with torchrun's variables
 //! (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE). If a rank
-//! fails, the others are stopped; the exit status is the first failure's.
+//! fails, the others are stopped; the exit status is the first failure's. Unless
+//! `MONEL_SECRET_FILE` or `MONEL_SECRET` is set already, the ranks share a fresh random job
+//! secret (`MONEL_SECRET` in their environment, which only this user can read), so no other
+//! process can join their job.
 
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -47,6 +50,15 @@ pub(crate) fn spawn_ranks(
             .local_addr()?
             .port(),
     };
+    let secret = (std::env::var_os("MONEL_SECRET_FILE").is_none()
+        && std::env::var_os("MONEL_SECRET").is_none())
+    .then(|| {
+        monel_verbs::auth::nonce()
+            .iter()
+            .chain(&monel_verbs::auth::nonce())
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    });
     let mut kids: Vec<Child> = Vec::new();
     for r in 0..nranks {
         let c = Command::new(&cmd[0])
@@ -57,6 +69,7 @@ pub(crate) fn spawn_ranks(
             .env("WORLD_SIZE", nranks.to_string())
             .env("LOCAL_RANK", r.to_string())
             .env("LOCAL_WORLD_SIZE", nranks.to_string())
+            .envs(secret.iter().map(|s| ("MONEL_SECRET", s)))
             .envs(extra(r))
             .spawn()
             .with_context(|| format!("start rank {r}: {}", cmd[0]))?;

@@ -10,8 +10,9 @@
 //! client            (verifies mac_s, brings its QP to RTS)
 //! client -> server  READY   "MONELRDY" mac_r[32]
 //! ```
-//! mac_c = HMAC(secret, "client" | nonce_s | request), mac_s = HMAC(secret, "server" | nonce_c |
-//! request | reply), mac_r = HMAC(secret, "ready" | nonce_s | nonce_c). A side without the
+//! With K the key the secret stands for ([`crate::auth::Key::from_secret`]),
+//! mac_c = HMAC(K, "client" | nonce_s | request), mac_s = HMAC(K, "server" | nonce_c |
+//! request | reply), mac_r = HMAC(K, "ready" | nonce_s | nonce_c). A side without the
 //! secret sends zero MACs and is refused with a clear error; a peer that speaks anything else
 //! gets a typed error, never a hang (every read has a timeout). `port` is the UDP port the
 //! side's soft RNIC listens on, so several processes can share one address, each on its own
@@ -22,9 +23,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
-
+use crate::auth::{Key, nonce};
 use crate::device::Gid;
 use crate::error::{ErrorKind, Result, VerbsError};
 use crate::greeter::Greeter;
@@ -142,32 +141,17 @@ fn recv(s: &mut impl Read, magic: &[u8; 8]) -> Result<Vec<u8>> {
     Ok(m)
 }
 
-fn nonce() -> [u8; 16] {
-    let mut n = [0u8; 16];
-    getrandom::getrandom(&mut n).expect("OS random generator");
-    n
-}
-
 fn mac(secret: Option<&[u8]>, parts: &[&[u8]]) -> [u8; 32] {
-    let Some(k) = secret else { return [0; 32] };
-    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(k).expect("HMAC takes any key length");
-    for p in parts {
-        m.update(p);
-    }
-    m.finalize().into_bytes().into()
+    secret.map_or([0; 32], |k| Key::from_secret(k).prove(parts))
 }
 
 fn verify(secret: Option<&[u8]>, parts: &[&[u8]], got: &[u8], who: &str) -> Result<()> {
-    let Some(k) = secret else { return Ok(()) };
-    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(k).expect("HMAC takes any key length");
-    for p in parts {
-        m.update(p);
-    }
-    m.verify_slice(got).map_err(|_| {
-        peer(format!(
+    match secret {
+        Some(k) if !Key::from_secret(k).verify(parts, got) => Err(peer(format!(
             "{who} could not prove the shared secret (authentication failed)"
-        ))
-    })
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// The fields both REQUEST and REPLY carry.

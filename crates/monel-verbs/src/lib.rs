@@ -17,6 +17,7 @@
 
 mod ah;
 mod attr;
+pub mod auth;
 pub mod cm;
 mod config;
 mod context;

@@ -26,7 +26,10 @@ impl Communicator {
         let cfg = CommConfig::from_env()?;
         // The launcher names no rendezvous process: rank 0 serves it.
         if l.rank == 0 && std::env::var_os("MONEL_UNIQUE_ID").is_none() {
-            serve_env_root(&l)?;
+            serve_env_root(&l, &cfg)?;
+        }
+        if l.public_token && cfg.secret.is_none() {
+            crate::log::unauthenticated(l.source);
         }
         Self::init_rank(l.nranks, l.rank, &l.id, cfg)
     }
@@ -88,9 +91,10 @@ impl Communicator {
             state: "running",
         }));
         let stop = Arc::new(AtomicBool::new(false));
-        serve_status(status_l, status.clone(), stop.clone());
-        let table = rendezvous(id, nranks, rank, &mine, deadline)?;
-        let streams = mesh(&listener, &table, rank, id.token, deadline)?;
+        let key = id.job_key(cfg.secret.as_ref());
+        serve_status(status_l, status.clone(), stop.clone(), key.clone());
+        let table = rendezvous(id, &key, nranks, rank, &mine, deadline)?;
+        let streams = mesh(&listener, &table, rank, &key, deadline)?;
         let mut shm_cfg = cfg.shm.clone();
         shm_cfg.enabled &= cfg.transports.shm;
         let mut rdma_cfg = cfg.rdma.clone();
@@ -203,6 +207,7 @@ impl Communicator {
             hosts,
             windows: Windows::default(),
             status_addrs,
+            key,
             last_path: "",
             tiny_done: 0,
         };
@@ -212,6 +217,6 @@ impl Communicator {
 }
 
 /// Rank 0 of an environment launch serves the rendezvous at the address the launcher gave.
-pub(super) fn serve_env_root(l: &Launch) -> Result<()> {
-    crate::bootstrap::serve_at(l.id.root, l.id.token)
+pub(super) fn serve_env_root(l: &Launch, cfg: &CommConfig) -> Result<()> {
+    crate::bootstrap::serve_at(l.id.root, l.id.job_key(cfg.secret.as_ref()))
 }

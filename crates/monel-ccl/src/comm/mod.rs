@@ -24,6 +24,7 @@ mod status;
 mod tuning;
 mod windows;
 
+pub(crate) use config::secret_from_env;
 pub use config::{CommConfig, Transports};
 use fast_path::TINY;
 pub use group::GroupOp;
@@ -34,10 +35,9 @@ use status::{Status, query_status, serve_status};
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use crate::bootstrap::{PeerAddrs, UniqueId};
 use crate::error::{CclError, ErrorKind, Result};
@@ -105,6 +105,8 @@ pub struct Communicator {
     windows: Windows,
     /// Each rank's status endpoint, by rank (for the liveness check).
     status_addrs: Vec<SocketAddr>,
+    /// The job key, which status queries prove.
+    key: monel_verbs::auth::Key,
     /// How the last collective ran: an algorithm's name, or `window`.
     last_path: &'static str,
     /// Calls the two-rank tiny path finished without the executor.
@@ -623,7 +625,7 @@ impl Communicator {
         let mut id_bytes = [0u8; ID_LEN];
         let own_id = if new_rank == 0 {
             let ip = self.table[self.rank].data.ip();
-            let id = UniqueId::create(SocketAddr::new(ip, 0))?;
+            let id = UniqueId::create_with(SocketAddr::new(ip, 0), self.cfg.secret.as_ref())?;
             let text = id.to_string();
             let b = id_bytes
                 .get_mut(..text.len())
@@ -655,6 +657,8 @@ impl Communicator {
         bufs: &mut Buffers<'_>,
         p2p: bool,
     ) -> Result<()> {
+        let key = &self.key;
+        let probe = |a| query_status(a, key).is_ok();
         let mut ctx = Ctx {
             links: &mut self.links,
             name: Name {
@@ -669,11 +673,8 @@ impl Communicator {
                 send: &mut self.p2p_sent,
                 recv: &mut self.p2p_received,
             }),
-            liveness: (!self.cfg.liveness.is_zero()).then(|| {
-                Liveness::new(&self.status_addrs, self.cfg.liveness, |a| {
-                    query_status(a).is_ok()
-                })
-            }),
+            liveness: (!self.cfg.liveness.is_zero())
+                .then(|| Liveness::new(&self.status_addrs, self.cfg.liveness, &probe)),
         };
         exec::run(&mut ctx, sched, bufs, &mut self.pool)
     }
@@ -711,10 +712,7 @@ impl Drop for Communicator {
             };
             exec::send_close(&mut self.links, sig);
         }
+        // The status thread sees the flag within 200 ms.
         self.stop.store(true, Ordering::Release);
-        // Wake the status thread so it sees the flag.
-        if let Some(me) = self.table.get(self.rank) {
-            let _ = TcpStream::connect_timeout(&me.status, Duration::from_millis(100));
-        }
     }
 }

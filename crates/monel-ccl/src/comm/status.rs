@@ -7,6 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use monel_verbs::auth::{Key, nonce};
+use monel_verbs::greeter::Greeter;
+
 use super::{Communicator, describe_sig};
 use crate::error::{CclError, ErrorKind};
 use crate::exec;
@@ -20,30 +23,58 @@ pub(super) struct Status {
     pub(super) state: &'static str,
 }
 
-/// Answers status queries with `seq <n> <state> <what>` until `stop`.
-pub(super) fn serve_status(l: TcpListener, status: Arc<Mutex<Status>>, stop: Arc<AtomicBool>) {
+/// How long a status query may take to prove the job key.
+const QUERY_TIME: Duration = Duration::from_millis(500);
+
+/// Answers status queries that prove the job key `key` (a challenge, then HMAC("status",
+/// challenge)) with `seq <n> <state> <what>` until `stop`. Every query is read on its own,
+/// so a silent one delays no rank's liveness probe; one without the key learns nothing.
+pub(super) fn serve_status(
+    l: TcpListener,
+    status: Arc<Mutex<Status>>,
+    stop: Arc<AtomicBool>,
+    key: Key,
+) {
+    let answer = move |s: &mut TcpStream| -> std::io::Result<()> {
+        let challenge = nonce();
+        s.write_all(&challenge)?;
+        let mut proof = [0u8; 32];
+        s.read_exact(&mut proof)?;
+        if !key.verify(&[b"status", &challenge], &proof) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                "could not prove the job key",
+            ));
+        }
+        let line = {
+            let st = status.lock().unwrap_or_else(PoisonError::into_inner);
+            let what = st.sig.as_ref().map_or_else(|| "init".into(), describe_sig);
+            format!("seq {} {} {what}\n", st.seq, st.state)
+        };
+        s.write_all(line.as_bytes())
+    };
     let _ = std::thread::Builder::new()
         .name("monel-status".into())
         .spawn(move || {
-            for c in l.incoming() {
-                if stop.load(Ordering::Acquire) {
+            let Ok(mut greeter) = Greeter::new(l, answer, QUERY_TIME, "status") else {
+                return;
+            };
+            while !stop.load(Ordering::Acquire) {
+                if greeter.next(Duration::from_millis(200)).is_err() {
                     return;
                 }
-                let Ok(mut s) = c else { continue };
-                let line = {
-                    let st = status.lock().unwrap_or_else(PoisonError::into_inner);
-                    let what = st.sig.as_ref().map_or_else(|| "init".into(), describe_sig);
-                    format!("seq {} {} {what}\n", st.seq, st.state)
-                };
-                let _ = s.write_all(line.as_bytes());
             }
         });
 }
 
-pub(super) fn query_status(addr: SocketAddr) -> Result<(u64, String), String> {
-    let mut s =
-        TcpStream::connect_timeout(&addr, Duration::from_millis(500)).map_err(|e| e.to_string())?;
-    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+/// Asks the status endpoint at `addr`, proving the job key.
+pub(super) fn query_status(addr: SocketAddr, key: &Key) -> Result<(u64, String), String> {
+    let mut s = TcpStream::connect_timeout(&addr, QUERY_TIME).map_err(|e| e.to_string())?;
+    let _ = s.set_read_timeout(Some(QUERY_TIME));
+    let mut challenge = [0u8; 16];
+    s.read_exact(&mut challenge).map_err(|e| e.to_string())?;
+    s.write_all(&key.prove(&[b"status", &challenge]))
+        .map_err(|e| e.to_string())?;
     let mut line = String::new();
     s.read_to_string(&mut line).map_err(|e| e.to_string())?;
     let rest = line.trim().strip_prefix("seq ").ok_or("garbled status")?;
@@ -61,7 +92,7 @@ impl Communicator {
             if j == self.rank {
                 continue;
             }
-            match query_status(p.status) {
+            match query_status(p.status, &self.key) {
                 Ok((seq, text)) if seq < self.seq => {
                     missing.push(j);
                     let (state, op) = text.split_once(' ').unwrap_or((text.as_str(), ""));

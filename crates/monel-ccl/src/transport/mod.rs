@@ -8,7 +8,11 @@
 //! prints.
 
 use std::io;
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr};
+
+use handshake::Channel;
+
+use crate::bootstrap::Peer;
 use std::os::fd::RawFd;
 use std::time::Instant;
 
@@ -90,8 +94,8 @@ pub(crate) trait Link: Send {
 pub(crate) enum Setup<L> {
     /// The pair runs on the transport: its link, and a description for the path log.
     Up(L, String),
-    /// The TCP stream back, and why the transport was not used.
-    Declined(TcpStream, String),
+    /// The set-up channel back, and why the transport was not used.
+    Declined(Channel, String),
 }
 
 /// What setting up every pair needs to know.
@@ -115,15 +119,20 @@ pub(crate) type Links = (Vec<Option<Box<dyn Link>>>, Vec<String>);
 
 /// Sets up every pair in `streams` (indexed by peer; `None` for this rank) on the first
 /// transport that takes it, in the order shared memory, RDMA, TCP.
-pub(crate) fn connect(streams: Vec<Option<TcpStream>>, p: &Plan<'_>) -> Result<Links> {
+pub(crate) fn connect(streams: Vec<Option<Peer>>, p: &Plan<'_>) -> Result<Links> {
     let n = streams.len();
+    let streams: Vec<Option<Channel>> = streams
+        .into_iter()
+        .enumerate()
+        .map(|(j, o)| o.map(|(s, key)| Channel::new(s, key, p.rank, j)))
+        .collect();
     let mut links: Vec<Option<Box<dyn Link>>> = (0..n).map(|_| None).collect();
     let mut paths = vec![String::new(); n];
     let mut declined: Vec<Vec<String>> = vec![Vec::new(); n];
     let mut rest = streams;
     // The transports with a handshake, fastest first; TCP takes what is left.
     type Upgrade<'p> =
-        dyn Fn(Vec<Option<TcpStream>>) -> Result<Vec<Option<Setup<Box<dyn Link>>>>> + 'p;
+        dyn Fn(Vec<Option<Channel>>) -> Result<Vec<Option<Setup<Box<dyn Link>>>>> + 'p;
     let shm: &Upgrade<'_> = &|s| {
         shm::upgrade(s, p.rank, p.shm, p.deadline)
             .map(boxed)
@@ -160,7 +169,7 @@ pub(crate) fn connect(streams: Vec<Option<TcpStream>>, p: &Plan<'_>) -> Result<L
                 declined[j].join("; ")
             )));
         }
-        let link = tcp::TcpLink::new(s).map_err(|e| CclError::io("link", e))?;
+        let link = tcp::TcpLink::new(s.s).map_err(|e| CclError::io("link", e))?;
         let cc = link.choose_congestion(p.tcp_congestion);
         let mut notes = vec![format!("congestion {cc}")];
         notes.append(&mut declined[j]);

@@ -25,7 +25,7 @@ use monel_verbs::{
 use nix::poll::PollFlags;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 
-use super::handshake::{bound_reads, first_text, recv_msg, send_msg};
+use super::handshake::{Channel, bound_reads, first_text};
 use super::{Link, Setup};
 use monel_copy::copy;
 use monel_sched::tune::TransportKind;
@@ -249,7 +249,7 @@ const FAIL: u8 = 12;
 /// every peer, reads theirs, connects, then confirms both ways before any data moves. A pair
 /// where either side cannot stays on TCP, with the reason.
 pub(crate) fn upgrade(
-    streams: Vec<Option<TcpStream>>,
+    streams: Vec<Option<Channel>>,
     local_ip: IpAddr,
     cfg: &RdmaConfig,
     deadline: Instant,
@@ -276,15 +276,15 @@ pub(crate) fn upgrade(
             .clone()
             .and_then(|nic| Endpoint::new(&nic, cfg.ring).map_err(|e| e.to_string()));
         match &ep {
-            Ok(ep) => send_msg(s, OFFER, &[&ep.offer()])?,
-            Err(why) => send_msg(s, NO_OFFER, &[why.as_bytes()])?,
+            Ok(ep) => s.send(OFFER, &[&ep.offer()])?,
+            Err(why) => s.send(NO_OFFER, &[why.as_bytes()])?,
         }
         mine[j] = Some(ep);
     }
     let mut staged: Vec<Option<Result<(Endpoint, Offer), String>>> = (0..n).map(|_| None).collect();
     for (j, s) in streams.iter_mut().enumerate() {
         let Some(s) = s else { continue };
-        let (kind, f) = recv_msg(s)?;
+        let (kind, f) = s.recv()?;
         let ep = mine[j].take().expect("offered to every peer");
         let verdict = match (ep, kind) {
             (Err(why), _) => Err(why),
@@ -323,15 +323,15 @@ pub(crate) fn upgrade(
             }),
         };
         match &verdict {
-            Ok(_) => send_msg(s, READY, &[])?,
-            Err(why) => send_msg(s, FAIL, &[why.as_bytes()])?,
+            Ok(_) => s.send(READY, &[])?,
+            Err(why) => s.send(FAIL, &[why.as_bytes()])?,
         }
         staged[j] = Some(verdict);
     }
     for (j, slot) in streams.iter_mut().enumerate() {
         let Some(mut s) = slot.take() else { continue };
-        let (kind, f) = recv_msg(&mut s)?;
-        s.set_read_timeout(None)?;
+        let (kind, f) = s.recv()?;
+        s.s.set_read_timeout(None)?;
         let v = staged[j].take().expect("answered every peer");
         out[j] = Some(match (v, kind) {
             (Ok((ep, o)), READY) => {
@@ -345,7 +345,7 @@ pub(crate) fn upgrade(
                     nic.mtu.min(o.mtu).bytes(),
                     ep.rx.len() >> 10
                 );
-                let link = RdmaLink::new(ep, o, s)?;
+                let link = RdmaLink::new(ep, o, s.s)?;
                 Setup::Up(link, format!("soft-RNIC {desc}"))
             }
             (Ok(_), _) => Setup::Declined(

@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use nix::poll::PollFlags;
 
-use super::handshake::{bound_reads, first_text, recv_msg, send_msg};
+use super::handshake::{Channel, bound_reads, first_text};
 use super::segment::{Segment, create_sized, open_named};
 use super::{Link, Setup};
 use monel_copy::{Adaptive, Costs, STREAM_MIN, copy};
@@ -593,7 +593,7 @@ fn shm_detail(cfg: &ShmConfig) -> String {
 /// handshake (the lower rank offers, the higher accepts or declines with a reason), so both
 /// ends always agree on the transport. Blocking, bounded by `deadline`.
 pub(crate) fn upgrade(
-    streams: Vec<Option<TcpStream>>,
+    streams: Vec<Option<Channel>>,
     rank: usize,
     cfg: &ShmConfig,
     deadline: Instant,
@@ -619,8 +619,7 @@ pub(crate) fn upgrade(
             Err("shared memory disabled on this rank (MONEL_TRANSPORT)".into())
         };
         match &o {
-            Ok(o) => send_msg(
-                s,
+            Ok(o) => s.send(
                 OFFER,
                 &[
                     o.name.as_bytes(),
@@ -629,14 +628,14 @@ pub(crate) fn upgrade(
                     host.as_bytes(),
                 ],
             )?,
-            Err(why) => send_msg(s, NO_OFFER, &[why.as_bytes()])?,
+            Err(why) => s.send(NO_OFFER, &[why.as_bytes()])?,
         }
         offered[j] = Some(o);
     }
     let mut out: Vec<Option<Setup<ShmLink>>> = (0..n).map(|_| None).collect();
     for (j, slot) in streams.iter_mut().enumerate().take(rank) {
         let Some(mut s) = slot.take() else { continue };
-        let (kind, f) = recv_msg(&mut s)?;
+        let (kind, f) = s.recv()?;
         let verdict: Result<(Segment, usize), String> = if kind != OFFER {
             Err(format!("rank {j} offered none: {}", first_text(&f)))
         } else if f.len() < 4 {
@@ -661,28 +660,31 @@ pub(crate) fn upgrade(
         };
         match verdict {
             Ok((seg, c)) => {
-                send_msg(&mut s, ACCEPT, &[])?;
-                s.set_read_timeout(None)?;
-                out[j] = Some(Setup::Up(ShmLink::new(seg, c, false, s)?, shm_detail(cfg)));
+                s.send(ACCEPT, &[])?;
+                s.s.set_read_timeout(None)?;
+                out[j] = Some(Setup::Up(
+                    ShmLink::new(seg, c, false, s.s)?,
+                    shm_detail(cfg),
+                ));
             }
             Err(why) => {
-                send_msg(&mut s, DECLINE, &[why.as_bytes()])?;
-                s.set_read_timeout(None)?;
+                s.send(DECLINE, &[why.as_bytes()])?;
+                s.s.set_read_timeout(None)?;
                 out[j] = Some(Setup::Declined(s, why));
             }
         }
     }
     for (j, slot) in streams.iter_mut().enumerate().skip(rank + 1) {
         let Some(mut s) = slot.take() else { continue };
-        let reply = recv_msg(&mut s);
+        let reply = s.recv();
         let o = offered[j].take().expect("offered to every higher rank");
         if let Ok(o) = &o {
             let _ = std::fs::remove_file(&o.path);
         }
         let (kind, f) = reply?;
-        s.set_read_timeout(None)?;
+        s.s.set_read_timeout(None)?;
         out[j] = Some(match (o, kind) {
-            (Ok(o), ACCEPT) => Setup::Up(ShmLink::new(o.seg, cap, true, s)?, shm_detail(cfg)),
+            (Ok(o), ACCEPT) => Setup::Up(ShmLink::new(o.seg, cap, true, s.s)?, shm_detail(cfg)),
             (Ok(_), _) => Setup::Declined(
                 s,
                 format!("rank {j} declined shared memory: {}", first_text(&f)),
@@ -695,14 +697,12 @@ pub(crate) fn upgrade(
 
 #[cfg(test)]
 mod tests {
+    use super::super::handshake::channel_pair;
     use super::*;
-    use std::net::TcpListener;
     use std::time::Duration;
 
     fn pair(cap: usize) -> (ShmLink, ShmLink) {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (b, _) = l.accept().unwrap();
+        let (a, b) = channel_pair();
         let cfg = ShmConfig {
             ring: cap,
             ..ShmConfig::default()
@@ -841,9 +841,7 @@ mod tests {
 
     #[test]
     fn different_hosts_decline_with_a_reason() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (b, _) = l.accept().unwrap();
+        let (a, b) = channel_pair();
         let deadline = Instant::now() + Duration::from_secs(5);
         let lo_cfg = ShmConfig {
             host: Some("a".into()),
@@ -874,16 +872,15 @@ mod tests {
         d
     }
 
-    /// An impostor on the pair's connection offers a segment by a path outside the
-    /// directory: the rank declines it (the pair stays on TCP) and touches nothing.
+    /// A peer (one that holds the link key: a rank of the job gone bad) offers a segment by
+    /// a path outside the directory: the rank declines it (the pair stays on TCP) and
+    /// touches nothing.
     #[test]
     fn an_offer_naming_an_outside_path_is_declined() {
         let dir = scratch("offer");
         let victim = dir.join("victim");
         std::fs::write(&victim, b"keep").unwrap();
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut impostor = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (real, _) = l.accept().unwrap();
+        let (real, mut impostor) = channel_pair();
         let cfg = ShmConfig {
             dir: dir.clone(),
             ..ShmConfig::default()
@@ -892,8 +889,10 @@ mod tests {
         let path = victim.as_os_str().as_encoded_bytes().to_vec();
         let cap = (PAGE as u64).to_le_bytes();
         let t = std::thread::spawn(move || {
-            send_msg(&mut impostor, OFFER, &[&path, &[1u8; 16], &cap, b""]).unwrap();
-            recv_msg(&mut impostor).unwrap()
+            impostor
+                .send(OFFER, &[&path, &[1u8; 16], &cap, b""])
+                .unwrap();
+            impostor.recv().unwrap()
         });
         let out = upgrade(vec![Some(real), None], 1, &cfg, deadline).unwrap();
         let Some(Setup::Declined(_, why)) = &out[0] else {
