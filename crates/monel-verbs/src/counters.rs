@@ -22,8 +22,12 @@ pub struct DeviceCounters {
     pub icrc_ip_id_solved: u64,
     /// Dropped: no QP with that number.
     pub unknown_qpn: u64,
-    /// Dropped: source address is not the QP's connected peer.
+    /// Dropped: source address (or, once pinned, UDP source port) is not the QP's peer's.
     pub bad_source: u64,
+    /// Dropped: a protected QP's packet whose tag was wrong (forged or altered).
+    pub auth_failed: u64,
+    /// Dropped: a protected QP's packet seen before (replayed) or older than the window.
+    pub replayed: u64,
     /// Dropped: too short, bad lengths, unknown opcode layout.
     pub malformed: u64,
     /// Received with ECN congestion experienced.
@@ -51,7 +55,7 @@ pub struct DeviceCounters {
 
 impl DeviceCounters {
     /// Every counter by name, in display order (the QPs' sums prefixed `qp_`).
-    pub fn rows(&self) -> [(&'static str, u64); 30] {
+    pub fn rows(&self) -> [(&'static str, u64); 32] {
         let q = &self.qp;
         [
             ("rx_packets", self.rx_packets),
@@ -62,6 +66,8 @@ impl DeviceCounters {
             ("icrc_ip_id_solved", self.icrc_ip_id_solved),
             ("unknown_qpn", self.unknown_qpn),
             ("bad_source", self.bad_source),
+            ("auth_failed", self.auth_failed),
+            ("replayed", self.replayed),
             ("malformed", self.malformed),
             ("ecn_ce", self.ecn_ce),
             ("tx_errors", self.tx_errors),

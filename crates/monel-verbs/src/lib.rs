@@ -31,6 +31,7 @@ pub mod greeter;
 pub mod limits;
 mod mr;
 mod pd;
+pub mod protect;
 mod provider;
 mod providers;
 mod qp;

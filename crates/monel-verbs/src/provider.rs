@@ -88,6 +88,9 @@ pub(crate) trait QpOps: Send + Sync + Debug {
     /// Sends to the peer's `port` instead of the RoCEv2 port (a soft-RNIC extension; a
     /// hardware provider refuses it).
     fn set_peer_udp_port(&self, port: u16) -> Result<()>;
+    /// Seals and opens every packet of this RC QP from now on (a soft-RNIC extension for
+    /// Monel peers; before the QP leaves INIT).
+    fn protect(&self, p: &crate::protect::Protection) -> Result<()>;
     fn query(&self) -> Result<(QpState, QpAttr)>;
     fn post_send(&self, wr: SendWr) -> Result<()>;
     fn post_send_inline(&self, wr_id: u64, op: SendOp, data: &[u8], flags: SendFlags)

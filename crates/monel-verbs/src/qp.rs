@@ -147,6 +147,16 @@ impl QueuePair {
         )
     }
 
+    /// Protects every packet of this RC QP with `p`: a tag (and, with
+    /// [`crate::protect::PacketAuth::Encrypt`], encryption) that only the peer holding the
+    /// same keys makes and checks; forged, altered and replayed packets are dropped and
+    /// counted ([`crate::DeviceCounters::auth_failed`], `replayed`). Both sides must protect
+    /// with matching keys ([`crate::protect::Protection::between`]) before they connect. A
+    /// soft-RNIC extension between Monel peers: rxe and hardware peers speak plain RoCEv2.
+    pub fn protect(&self, p: &crate::protect::Protection) -> Result<()> {
+        self.ops.protect(p)
+    }
+
     /// Brings the QP from RESET to RTS towards `remote` (INIT, RTR and RTS with the
     /// attributes rdma-core's pingpong uses, taken from `p`).
     pub fn connect(&self, remote: &RemoteQp, p: &ConnectParams) -> Result<()> {

@@ -242,3 +242,208 @@ fn a_thousand_connected_qps_on_one_device() {
     }
     assert_eq!(ctx_b.counters().qps, n as u64);
 }
+
+/// Both sides of a pair protect their QPs with `mode` under one made-up key.
+fn protect(a: &Side, b: &Side, mode: protect::PacketAuth) {
+    let key = auth::Key::from_secret(b"made-up link key");
+    let (aq, bq) = (a.qp.qp_num().value(), b.qp.qp_num().value());
+    a.qp.protect(&protect::Protection::between(&key, mode, aq, bq))
+        .unwrap();
+    b.qp.protect(&protect::Protection::between(&key, mode, bq, aq))
+        .unwrap();
+}
+
+/// Protected QPs (a tag on every packet; with `Encrypt`, ciphertext payloads) move SENDs,
+/// multi-packet WRITEs and READs, and atomics, with nothing dropped.
+#[test]
+fn protected_qps_carry_every_operation() {
+    for (x, mode) in [
+        (110, protect::PacketAuth::Mac),
+        (112, protect::PacketAuth::Encrypt),
+    ] {
+        let a = side(&format!("127.0.0.{x}"), PORT + 3);
+        let b = side(&format!("127.0.0.{}", x + 1), PORT + 3);
+        protect(&a, &b, mode);
+        connect(&a, &b, Mtu::Mtu1024);
+        let rw = AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC;
+        let data: Vec<u8> = (0..70_000u32).map(|i| (i * 13 % 251) as u8).collect();
+        let amr = a.pd.reg_mr(data.clone(), rw).unwrap();
+        let bmr = b.pd.reg_mr(vec![0u8; 70_000], rw).unwrap();
+        let remote = RemoteAddr {
+            addr: bmr.addr(),
+            rkey: bmr.rkey(),
+        };
+        b.qp.post_recv(RecvWr {
+            wr_id: 5,
+            sg_list: vec![bmr.sge(69_000, 1000)],
+        })
+        .unwrap();
+        for (id, op, sge) in [
+            (1, SendOp::Write(remote), amr.sge(0, 65_536)),
+            (2, SendOp::Send, amr.sge(100, 1000)),
+        ] {
+            a.qp.post_send(SendWr {
+                wr_id: id,
+                op,
+                sg_list: vec![sge],
+                flags: signaled(),
+            })
+            .unwrap();
+            assert_eq!(one(&a.cq).status, WcStatus::Success, "{mode} op {id}");
+        }
+        assert_eq!(one(&b.cq).status, WcStatus::Success);
+        let mut got = vec![0u8; 70_000];
+        bmr.read(0, &mut got).unwrap();
+        assert_eq!(got[..65_536], data[..65_536], "{mode}: WRITE");
+        assert_eq!(got[69_000..], data[100..1100], "{mode}: SEND");
+        // READ it back; FETCH_ADD a word.
+        let back = a.pd.reg_mr(vec![0u8; 65_536], rw).unwrap();
+        a.qp.post_send(SendWr {
+            wr_id: 3,
+            op: SendOp::Read(remote),
+            sg_list: vec![back.sge(0, 65_536)],
+            flags: signaled(),
+        })
+        .unwrap();
+        assert_eq!(one(&a.cq).status, WcStatus::Success, "{mode}: READ");
+        let mut r = vec![0u8; 65_536];
+        back.read(0, &mut r).unwrap();
+        assert_eq!(r, data[..65_536], "{mode}: READ");
+        bmr.write(66_000, &40u64.to_le_bytes()).unwrap();
+        a.qp.post_send(SendWr {
+            wr_id: 4,
+            op: SendOp::FetchAdd {
+                remote: RemoteAddr {
+                    addr: bmr.addr() + 66_000,
+                    rkey: bmr.rkey(),
+                },
+                add: 2,
+            },
+            sg_list: vec![back.sge(0, 8)],
+            flags: signaled(),
+        })
+        .unwrap();
+        assert_eq!(one(&a.cq).status, WcStatus::Success, "{mode}: FETCH_ADD");
+        let mut w = [0u8; 8];
+        bmr.read(66_000, &mut w).unwrap();
+        assert_eq!(u64::from_le_bytes(w), 42);
+        for s in [&a, &b] {
+            let c = s.ctx.counters();
+            assert_eq!((c.auth_failed, c.replayed), (0, 0), "{mode}");
+        }
+    }
+}
+
+/// An attacker on the peer's address who knows the QPN and the next PSN (as one who reads
+/// the wire does) sends a SEND with a valid ICRC. On a plain QP it lands: the receive
+/// completes with the attacker's bytes. On a protected QP it is dropped and counted as
+/// forged, nothing is written, and the real peer's SEND then goes through.
+#[test]
+fn a_psn_correct_injection_lands_only_on_a_plain_qp() {
+    for (x, protected) in [(114, false), (116, true)] {
+        let a = side(&format!("127.0.0.{x}"), PORT + 4);
+        let b = side(&format!("127.0.0.{}", x + 1), PORT + 4);
+        if protected {
+            protect(&a, &b, protect::PacketAuth::Mac);
+        }
+        connect(&a, &b, Mtu::Mtu1024);
+        let bmr =
+            b.pd.reg_mr(vec![0u8; 64], AccessFlags::LOCAL_WRITE)
+                .unwrap();
+        b.qp.post_recv(RecvWr {
+            wr_id: 7,
+            sg_list: vec![bmr.sge(0, 64)],
+        })
+        .unwrap();
+        let dst: SocketAddr = format!("127.0.0.{}:{}", x + 1, PORT + 4).parse().unwrap();
+        let attacker = UdpSocket::bind(format!("127.0.0.{x}:0")).unwrap();
+        let src = attacker.local_addr().unwrap();
+        let before = b.ctx.counters();
+        let bq = b.qp.qp_num().value();
+        attacker
+            .send_to(
+                &send_only(src, dst, bq, a.psn.value(), 0xffff, b"evil"),
+                dst,
+            )
+            .unwrap();
+        if !protected {
+            let wc = one(&b.cq);
+            assert_eq!((wc.wr_id, wc.byte_len), (7, 4));
+            let mut got = [0u8; 4];
+            bmr.read(0, &mut got).unwrap();
+            assert_eq!(&got, b"evil", "the injection landed on the plain QP");
+            continue;
+        }
+        until("the forged packet to be counted", || {
+            b.ctx.counters().auth_failed > before.auth_failed
+        });
+        assert!(
+            b.cq.poll(4).is_empty(),
+            "a forged packet completed a receive"
+        );
+        assert!(bmr.lock().unwrap().iter().all(|&x| x == 0));
+        let amr =
+            a.pd.reg_mr(b"real".to_vec(), AccessFlags::LOCAL_WRITE)
+                .unwrap();
+        a.qp.post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            sg_list: vec![amr.sge(0, 4)],
+            flags: signaled(),
+        })
+        .unwrap();
+        assert_eq!(one(&a.cq).status, WcStatus::Success);
+        assert_eq!(one(&b.cq).byte_len, 4);
+        let mut got = [0u8; 4];
+        bmr.read(0, &mut got).unwrap();
+        assert_eq!(&got, b"real");
+    }
+}
+
+/// Once a plain QP has taken its peer's first packet, it takes packets from that UDP source
+/// port only: another process on the peer's address is dropped as a bad source, even with
+/// the right PSN.
+#[test]
+fn the_peers_source_port_is_pinned_at_its_first_packet() {
+    let (a, b) = pair(118, PORT + 5, Mtu::Mtu1024);
+    let bmr =
+        b.pd.reg_mr(vec![0u8; 64], AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    for id in [1, 2] {
+        b.qp.post_recv(RecvWr {
+            wr_id: id,
+            sg_list: vec![bmr.sge(0, 64)],
+        })
+        .unwrap();
+    }
+    let amr =
+        a.pd.reg_mr(b"real".to_vec(), AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    a.qp.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        sg_list: vec![amr.sge(0, 4)],
+        flags: signaled(),
+    })
+    .unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    assert_eq!(one(&b.cq).wr_id, 1);
+    let dst: SocketAddr = format!("127.0.0.119:{}", PORT + 5).parse().unwrap();
+    let attacker = UdpSocket::bind("127.0.0.118:0").unwrap();
+    let src = attacker.local_addr().unwrap();
+    let before = b.ctx.counters();
+    let next = (a.psn.value() + 1) & 0xff_ffff;
+    attacker
+        .send_to(
+            &send_only(src, dst, b.qp.qp_num().value(), next, 0xffff, b"evil"),
+            dst,
+        )
+        .unwrap();
+    until("the other port to be counted", || {
+        b.ctx.counters().bad_source > before.bad_source
+    });
+    assert!(b.cq.poll(4).is_empty());
+}

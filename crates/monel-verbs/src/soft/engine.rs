@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use monel_rc::Instant;
 use monel_rc::time::earliest;
 use monel_wire::icrc::{self, Ipv4IdBasis};
-use monel_wire::{FrameRepr, ICRC_LEN, IpAddress, RocePacket};
+use monel_wire::{BthPacket, BthRepr, FrameRepr, ICRC_LEN, IpAddress, RocePacket};
 use nix::poll::{PollFd, PollFlags, ppoll};
 use nix::sys::time::TimeSpec;
 
@@ -23,6 +23,7 @@ use super::qp_kind::QpKind;
 use super::queues::CqShared;
 use super::shared::{Core, DevShared, device_event};
 use super::tx::{TX_HEADROOM, TxBatch};
+use crate::protect::{Rejected, TRAILER};
 
 /// Checks the ICRC of a datagram received on a UDP socket. IPv6: every covered field is known.
 /// IPv4: the IP ID is not visible, so the check first assumes the ID the datagram most likely
@@ -241,13 +242,13 @@ fn receive_all(shared: &DevShared, rx: &mut RxBatch, icrc: &mut IcrcChecker) -> 
                         si,
                         sock.local,
                         m,
-                        &rx.bufs[i][..m.len],
+                        &mut rx.bufs[i][..m.len],
                         t,
                     );
                     continue;
                 }
                 // GRO coalesced datagrams of one size (the last may be shorter).
-                for (k, d) in rx.bufs[i][..m.len].chunks(m.seg).enumerate() {
+                for (k, d) in rx.bufs[i][..m.len].chunks_mut(m.seg).enumerate() {
                     core.counters.rx_coalesced += 1;
                     let one = RxMeta {
                         len: d.len(),
@@ -424,29 +425,30 @@ fn deliver(
     sock_index: usize,
     local: SocketAddr,
     m: RxMeta,
-    bytes: &[u8],
+    bytes: &mut [u8],
     t: Instant,
 ) {
     let c = &mut core.counters;
     c.rx_packets += 1;
     c.rx_bytes += m.len as u64;
-    if m.truncated {
+    if m.truncated || bytes.len() < BthRepr::LEN + ICRC_LEN {
         c.malformed += 1;
         return;
     }
-    let Ok(pkt) = RocePacket::new_checked(bytes) else {
-        c.malformed += 1;
-        return;
-    };
-    let qpn = pkt.bth().dest_qp().value();
+    let bth = BthPacket::new_unchecked(&bytes[..BthRepr::LEN]);
+    let (qpn, opcode) = (bth.dest_qp().value(), bth.opcode());
     let Some(slot) = core.qps.get_mut(&qpn) else {
         c.unknown_qpn += 1;
         return;
     };
-    // A connected QP takes packets from its peer only; a datagram QP from anyone.
+    // A connected QP takes packets from its peer only (from one UDP source port, once it
+    // is pinned); a datagram QP from anyone.
     let datagram = matches!(slot.qp, QpKind::Ud(_));
     match slot.peer {
-        Some((si, peer)) if si == sock_index && peer.ip() == m.src.ip() => {}
+        Some((si, peer))
+            if si == sock_index
+                && peer.ip() == m.src.ip()
+                && slot.src_port.is_none_or(|p| p == m.src.port()) => {}
         None if datagram => {}
         _ => {
             c.bad_source += 1;
@@ -460,6 +462,30 @@ fn deliver(
             c.icrc_errors += 1;
             return;
         }
+    }
+    let mut bytes = bytes;
+    if let Some(sealer) = slot.sealer.as_mut() {
+        let Some(layout) = opcode.layout() else {
+            c.malformed += 1;
+            return;
+        };
+        let n = bytes.len();
+        match sealer.open(bytes, n, BthRepr::LEN + layout.len()) {
+            Ok(plain) => bytes = &mut bytes[..plain],
+            Err(Rejected::Forged) => {
+                c.auth_failed += 1;
+                return;
+            }
+            Err(Rejected::Replayed) => {
+                c.replayed += 1;
+                return;
+            }
+        }
+    }
+    let bytes = &*bytes;
+    if RocePacket::new_checked(bytes).is_err() {
+        c.malformed += 1;
+        return;
     }
     let ce = m.tos & 3 == 3;
     if ce {
@@ -484,7 +510,11 @@ fn deliver(
                     }
                 }
             }
-            q.handle_packet(t, bytes, ce, &mut mem)
+            let before = q.stats();
+            q.handle_packet(t, bytes, ce, &mut mem);
+            if slot.src_port.is_none() && accepted(&before, &q.stats()) {
+                slot.src_port = Some(m.src.port());
+            }
         }
         QpKind::Ud(q) => {
             let grh = monel_rc::ud::grh_for(
@@ -500,6 +530,21 @@ fn deliver(
     if core.dirty.last() != Some(&qpn) {
         core.dirty.push(qpn);
     }
+}
+
+/// Whether the RC engine took a packet (it counted no drop, error or duplicate): the first
+/// such packet pins the peer's UDP source port.
+fn accepted(before: &monel_rc::QpStats, after: &monel_rc::QpStats) -> bool {
+    let rejects = |s: &monel_rc::QpStats| {
+        s.dropped
+            + s.out_of_sequence
+            + s.access_errors
+            + s.invalid_requests
+            + s.duplicate_requests
+            + s.duplicate_responses
+            + s.seq_naks_sent
+    };
+    rejects(before) == rejects(after)
 }
 
 fn flush(tx: &mut TxBatch, shared: &DevShared, c: &mut crate::DeviceCounters) {
@@ -697,17 +742,27 @@ fn service_slot(
             if tx.is_full() {
                 flush(tx, shared, counters);
             }
-            // Payloads of requests are lent straight from registered memory.
+            // Payloads of requests are lent straight from registered memory, unless the
+            // packet is sealed (its tag covers the payload).
             let (buf, lends) = tx.next_buf_lending();
             let mem = PdMemory {
                 table: &mut *mrs,
                 pd: slot.pd,
-                lends: shared.config.zero_copy.then_some(lends),
+                lends: (shared.config.zero_copy && slot.sealer.is_none()).then_some(lends),
             };
-            let Some(o) = rc.poll_transmit(t, &mut buf[TX_HEADROOM..], &mem) else {
+            let room = buf.len() - TRAILER;
+            let Some(o) = rc.poll_transmit(t, &mut buf[TX_HEADROOM..room], &mem) else {
                 break;
             };
-            queue_packet(tx, counters, &framing, (si, lane), peer, o.len);
+            let len = match slot.sealer.as_mut() {
+                Some(s) => {
+                    let p = &mut buf[TX_HEADROOM..];
+                    let hdr = RocePacket::new_checked(&p[..o.len]).map_or(0, |p| p.header_len());
+                    s.seal(p, o.len, hdr)
+                }
+                None => o.len,
+            };
+            queue_packet(tx, counters, &framing, (si, lane), peer, len);
         }
     }
     if let (true, QpKind::Ud(ud)) = (transmit, &mut slot.qp) {

@@ -188,6 +188,8 @@ impl PdOps for SoftPd {
             peer: None,
             inline,
             inline_next: 0,
+            sealer: None,
+            src_port: None,
         };
         if let Some(s) = slot.srq.and_then(|id| core.srqs.get_mut(&id)) {
             s.users += 1;

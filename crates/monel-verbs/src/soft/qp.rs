@@ -12,6 +12,7 @@ use monel_wire::{QKey, Qpn};
 
 use super::ah::SoftAh;
 use super::engine;
+use super::qp_kind::QpKind;
 use super::queues::SrqState;
 use super::shared::{DevShared, QpSlot};
 use crate::attr::QpCap;
@@ -90,6 +91,23 @@ impl QpOps for SoftQp {
             if let Some((_, peer)) = slot.peer.as_mut() {
                 peer.set_port(port);
             }
+            Ok(())
+        })
+    }
+
+    fn protect(&self, p: &crate::protect::Protection) -> Result<()> {
+        const V: &str = "protect";
+        self.with_slot(V, |slot| {
+            if !matches!(slot.qp, QpKind::Rc(_)) {
+                return Err(VerbsError::invalid(V, "packet protection is for RC QPs"));
+            }
+            if !matches!(slot.qp.state(), QpState::Reset | QpState::Init) {
+                return Err(VerbsError::invalid(
+                    V,
+                    "packet protection must be set before the QP leaves INIT",
+                ));
+            }
+            slot.sealer = crate::protect::Sealer::new(p);
             Ok(())
         })
     }

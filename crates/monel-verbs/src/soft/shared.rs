@@ -35,6 +35,10 @@ pub(crate) struct QpSlot {
     pub(crate) peer: Option<(usize, SocketAddr)>,
     pub(crate) inline: Option<(Arc<MrShared>, u32)>,
     pub(crate) inline_next: u32,
+    /// Packet protection (`QueuePair::protect`): every packet sealed and opened.
+    pub(crate) sealer: Option<crate::protect::Sealer>,
+    /// The peer's UDP source port, pinned at its first packet the QP accepted.
+    pub(crate) src_port: Option<u16>,
 }
 
 /// Device state shared by the API and the progress engine. Lock order: `core`, then `mrs`.
