@@ -237,7 +237,7 @@ impl Sealer {
             return false;
         }
         let back = self.top - 1 - seq;
-        back >= WINDOW as u64 || self.seen & (1u128 << back) != 0
+        back >= WINDOW || self.seen & (1u128 << back) != 0
     }
 
     fn accept(&mut self, seq: u64) {
