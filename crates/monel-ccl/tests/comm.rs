@@ -14,6 +14,7 @@ use monel_ccl::{
     Collective, CommConfig, Communicator, DataType, ErrorKind, GroupOp, Io, RedOp, UniqueId,
 };
 use monel_sched::Algorithm;
+use monel_verbs::protect::PacketAuth;
 
 fn f32s(v: impl IntoIterator<Item = f32>) -> Vec<u8> {
     v.into_iter().flat_map(f32::to_le_bytes).collect()
@@ -61,6 +62,16 @@ fn config(mode: Mode, r: usize, timeout: Duration) -> CommConfig {
         Mode::Rdma(ring) => {
             cfg.transports = Transports::parse("rdma").unwrap();
             cfg.rdma.ring = ring;
+            // The small ring runs encrypted on rank 0's pairs (a pair takes the stronger
+            // of its ranks' settings) and plain between the others; the large one with
+            // the default tag on every packet.
+            if ring < 1 << 20 {
+                cfg.rdma.auth = if r == 0 {
+                    PacketAuth::Encrypt
+                } else {
+                    PacketAuth::None
+                };
+            }
         }
         Mode::Tcp => cfg.transports = Transports::parse("tcp").unwrap(),
         Mode::Mixed => cfg.shm.host = Some(format!("host{}", r / 2)),
@@ -106,6 +117,14 @@ fn ranks_over<T: Send + 'static>(
                         p.starts_with(&format!("rank {r} -> {j} {want}")),
                         "{mode:?}: {p}"
                     );
+                    if let Mode::Rdma(ring) = mode {
+                        let packets = match (ring < 1 << 20, r == 0 || j == 0) {
+                            (false, _) => "packets mac",
+                            (true, true) => "packets encrypt",
+                            (true, false) => "packets none",
+                        };
+                        assert!(p.contains(packets), "{mode:?}: {p}");
+                    }
                 }
                 f(&mut c)
             })

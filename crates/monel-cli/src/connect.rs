@@ -8,6 +8,7 @@ use anyhow::Context as _;
 use clap::Args;
 use monel_rc::congestion::{CongestionConfig, DcqcnParams};
 use monel_verbs::cm::{self, BufferInfo, CmConfig, Connection, Listener};
+use monel_verbs::protect::PacketAuth;
 use monel_verbs::{
     CompletionQueue, Context, ContextConfig, Device, MemoryRegion, Mtu, ProtectionDomain, QpCap,
     QpInitAttr, QpType, QueuePair,
@@ -32,6 +33,10 @@ pub(crate) struct ConnArgs {
     /// a secret on the command line would show in `ps`).
     #[arg(long = "secret-file", value_name = "FILE")]
     pub(crate) secret_file: Option<std::path::PathBuf>,
+    /// Packet protection: none, mac (a tag on every packet) or encrypt (AES-GCM). Default:
+    /// mac with a shared secret, none without. The connection takes the stronger side's.
+    #[arg(long, value_name = "MODE", value_parser = parse_auth)]
+    pub(crate) auth: Option<PacketAuth>,
     /// UDP port of the RNIC.
     #[arg(long = "udp-port", default_value_t = 4791)]
     pub(crate) udp_port: u16,
@@ -93,8 +98,18 @@ pub(crate) fn open(
     )?;
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(8192)?;
+    let secret = secret(a)?;
+    let auth = a.auth.unwrap_or(if secret.is_some() {
+        PacketAuth::Mac
+    } else {
+        PacketAuth::None
+    });
+    if auth != PacketAuth::None && secret.is_none() {
+        anyhow::bail!("--auth {auth} needs a shared secret (--secret-file or MONEL_SECRET)");
+    }
     let cfg = CmConfig {
-        secret: secret(a)?,
+        secret,
+        auth,
         mtu,
         timeout: Duration::from_secs(60),
         ..CmConfig::default()
@@ -151,6 +166,10 @@ pub(crate) fn open(
         is_client: server.is_some(),
         _pd: pd,
     })
+}
+
+fn parse_auth(s: &str) -> Result<PacketAuth, String> {
+    PacketAuth::parse(s).ok_or_else(|| format!("{s:?}: want none, mac or encrypt"))
 }
 
 /// The shared secret: the file `--secret-file` names (trailing newline ignored), else

@@ -100,10 +100,11 @@ pub(crate) fn run(a: &PerfArgs) -> anyhow::Result<()> {
         remote: conn.remote_buf.context("peer offered no buffer")?,
     };
     println!(
-        "# monel perf {} ({}; MTU {}; {})",
+        "# monel perf {} ({}; MTU {}; packets {}; {})",
         a.test,
         if is_client { "client" } else { "server" },
         conn.mtu.bytes(),
+        conn.auth,
         dev.name
     );
     println!(

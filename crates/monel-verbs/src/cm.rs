@@ -4,9 +4,9 @@
 //!
 //! ```text
 //! server -> client  HELLO   "MONELCM1" flags nonce_s[16]
-//! client -> server  REQUEST "MONELREQ" qpn psn gid mtu buf port nonce_c[16] mac_c[32]
+//! client -> server  REQUEST "MONELREQ" qpn psn gid mtu buf port auth nonce_c[16] mac_c[32]
 //! server            (verifies mac_c, brings its QP to RTS)
-//! server -> client  REPLY   "MONELREP" status qpn psn gid mtu buf port mac_s[32]
+//! server -> client  REPLY   "MONELREP" status qpn psn gid mtu buf port auth mac_s[32]
 //! client            (verifies mac_s, brings its QP to RTS)
 //! client -> server  READY   "MONELRDY" mac_r[32]
 //! ```
@@ -16,7 +16,9 @@
 //! secret sends zero MACs and is refused with a clear error; a peer that speaks anything else
 //! gets a typed error, never a hang (every read has a timeout). `port` is the UDP port the
 //! side's soft RNIC listens on, so several processes can share one address, each on its own
-//! port (real RoCE peers always use 4791).
+//! port (real RoCE peers always use 4791). `auth` is the packet protection each side asks
+//! for ([`crate::protect`]); the QPs take the stronger, keyed by
+//! derive(K, "cm packets", nonce_s, nonce_c), and protect before either leaves INIT.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -27,6 +29,7 @@ use crate::auth::{Key, nonce};
 use crate::device::Gid;
 use crate::error::{ErrorKind, Result, VerbsError};
 use crate::greeter::Greeter;
+use crate::protect::{PacketAuth, Protection};
 use crate::qp::{ConnectParams, QueuePair, RemoteQp, random_psn};
 use crate::{Mtu, Psn, Qpn, RKey};
 
@@ -61,6 +64,9 @@ pub struct CmConfig {
     pub timeout: Duration,
     /// QP attributes besides the exchanged ones.
     pub params: ConnectParams,
+    /// Packet protection this side asks for; the connection takes the stronger of the two
+    /// sides' (anything but `None` needs the shared secret, from which the keys come).
+    pub auth: PacketAuth,
 }
 
 impl Default for CmConfig {
@@ -71,6 +77,7 @@ impl Default for CmConfig {
             gid_index: 0,
             timeout: Duration::from_secs(10),
             params: ConnectParams::default(),
+            auth: PacketAuth::None,
         }
     }
 }
@@ -84,6 +91,8 @@ pub struct Connection {
     pub remote_buf: Option<BufferInfo>,
     /// The negotiated path MTU.
     pub mtu: Mtu,
+    /// The negotiated packet protection.
+    pub auth: PacketAuth,
     /// The setup stream, left open for the application's own synchronisation.
     pub stream: TcpStream,
 }
@@ -164,9 +173,11 @@ struct Params {
     buf: Option<BufferInfo>,
     /// The UDP port the side's RNIC listens on.
     port: u16,
+    /// The packet protection the side asks for.
+    auth: PacketAuth,
 }
 
-const PARAMS_LEN: usize = 4 + 4 + 16 + 1 + 1 + 8 + 4 + 8 + 2;
+const PARAMS_LEN: usize = 4 + 4 + 16 + 1 + 1 + 8 + 4 + 8 + 2 + 1;
 
 impl Params {
     fn put(&self, out: &mut Vec<u8>) {
@@ -180,6 +191,7 @@ impl Params {
         out.extend_from_slice(&b.rkey.0.to_be_bytes());
         out.extend_from_slice(&b.len.to_be_bytes());
         out.extend_from_slice(&self.port.to_be_bytes());
+        out.push(self.auth.code());
     }
     fn get(m: &[u8]) -> Result<Self> {
         if m.len() < PARAMS_LEN {
@@ -211,6 +223,8 @@ impl Params {
         if port == 0 {
             return Err(peer("UDP port 0 invalid"));
         }
+        let auth = PacketAuth::from_code(m[48])
+            .ok_or_else(|| peer(format!("packet protection code {} invalid", m[48])))?;
         Ok(Self {
             qpn,
             psn,
@@ -218,6 +232,7 @@ impl Params {
             mtu,
             buf,
             port,
+            auth,
         })
     }
 }
@@ -243,7 +258,35 @@ fn local_params(
         mtu: mtu_code(cfg.mtu),
         buf,
         port: qp.local_udp_port(cfg.gid_index)?,
+        auth: cfg.auth,
     })
+}
+
+/// Protects `qp` as both sides asked (the stronger of the two), with keys from the secret
+/// and both nonces. Returns the mode.
+fn protect_qp(
+    qp: &QueuePair,
+    cfg: &CmConfig,
+    theirs: &Params,
+    (ns, nc): (&[u8], &[u8]),
+) -> Result<PacketAuth> {
+    let mode = cfg.auth.max(theirs.auth);
+    if mode == PacketAuth::None {
+        return Ok(mode);
+    }
+    let Some(secret) = cfg.secret.as_deref() else {
+        return Err(peer(format!(
+            "packet protection ({mode}) needs a shared secret, and none is configured here"
+        )));
+    };
+    let key = Key::from_secret(secret).derive("cm packets", &[ns, nc]);
+    qp.protect(&Protection::between(
+        &key,
+        mode,
+        qp.qp_num().value(),
+        theirs.qpn,
+    ))?;
+    Ok(mode)
 }
 
 fn bring_up(qp: &QueuePair, cfg: &CmConfig, p: &Params, mtu: Mtu, psn: Psn) -> Result<RemoteQp> {
@@ -407,6 +450,7 @@ fn finish(
     let mtu = mtu_of(theirs.mtu.min(mtu_code(cfg.mtu)));
     let gid = qp_gid(qp, cfg)?;
     let psn = random_psn();
+    let auth = protect_qp(qp, cfg, &theirs, (&ns, nc))?;
     let remote = bring_up(qp, cfg, &theirs, mtu, psn)?;
     let mut rep = REP.to_vec();
     rep.push(0);
@@ -420,6 +464,7 @@ fn finish(
         remote,
         remote_buf: theirs.buf,
         mtu,
+        auth,
         stream: s,
     })
 }
@@ -490,6 +535,7 @@ pub fn connect(
     )?;
     let theirs = Params::get(&rep[9..])?;
     let mtu = mtu_of(theirs.mtu.min(mtu_code(cfg.mtu)));
+    let auth = protect_qp(qp, cfg, &theirs, (&ns, &nc))?;
     let remote = bring_up(qp, cfg, &theirs, mtu, psn)?;
     let mut rdy = RDY.to_vec();
     rdy.extend_from_slice(&mac(secret, &[b"ready", &ns, &nc]));
@@ -498,6 +544,7 @@ pub fn connect(
         remote,
         remote_buf: theirs.buf,
         mtu,
+        auth,
         stream: s,
     })
 }

@@ -31,7 +31,7 @@ pub struct CommConfig {
     /// identity (`MONEL_HOST`: ranks naming different hosts never share memory).
     pub shm: ShmConfig,
     /// The soft RNIC for pairs on different hosts (`MONEL_RDMA_DEV`, `MONEL_RDMA_RING`,
-    /// `MONEL_RDMA_GSO`).
+    /// `MONEL_RDMA_GSO`, `MONEL_RDMA_AUTH`).
     pub rdma: RdmaConfig,
     /// Congestion controls TCP links ask for, first accepted wins; empty keeps the
     /// system's (`MONEL_TCP_CONGESTION`: a comma list, or `system`; default `cubic,reno`).
@@ -209,6 +209,11 @@ impl CommConfig {
                     )));
                 }
             };
+        }
+        if let Some(v) = env("MONEL_RDMA_AUTH") {
+            c.rdma.auth = monel_verbs::protect::PacketAuth::parse(&v).ok_or_else(|| {
+                CclError::invalid(format!("MONEL_RDMA_AUTH={v:?}: want none, mac or encrypt"))
+            })?;
         }
         if let Some(v) = env("MONEL_TCP_CONGESTION") {
             c.tcp_congestion = parse_congestion(&v).ok_or_else(|| {

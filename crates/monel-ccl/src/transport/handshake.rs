@@ -48,7 +48,6 @@ impl Channel {
     }
 
     /// The link's key, for keys of narrower uses.
-    #[allow(dead_code)]
     pub(crate) fn key(&self) -> &Key {
         &self.key
     }

@@ -29,6 +29,7 @@ use super::handshake::{Channel, bound_reads, first_text};
 use super::{Link, Setup};
 use monel_copy::copy;
 use monel_sched::tune::TransportKind;
+use monel_verbs::protect::{PacketAuth, Protection};
 
 /// Soft-RNIC transport settings.
 #[derive(Debug, Clone)]
@@ -42,6 +43,10 @@ pub struct RdmaConfig {
     pub ring: usize,
     /// UDP segmentation offload and GRO on the RNIC's socket (`MONEL_RDMA_GSO=0|1`).
     pub gso: bool,
+    /// How each packet is protected (`MONEL_RDMA_AUTH=none|mac|encrypt`; default `mac`).
+    /// A pair uses the stronger of its two ranks' settings, with keys derived from the
+    /// pair's authenticated link.
+    pub auth: PacketAuth,
 }
 
 impl Default for RdmaConfig {
@@ -51,6 +56,7 @@ impl Default for RdmaConfig {
             device: None,
             ring: 2 << 20,
             gso: true,
+            auth: PacketAuth::Mac,
         }
     }
 }
@@ -176,7 +182,7 @@ impl Endpoint {
     }
 
     /// The offer: QPN, PSN, GID, UDP port, MTU, then the ring and credit word.
-    fn offer(&self) -> Vec<u8> {
+    fn offer(&self, auth: PacketAuth) -> Vec<u8> {
         let nic = &self.nic;
         let mut b = Vec::with_capacity(OFFER_LEN);
         b.extend(self.qp.qp_num().value().to_le_bytes());
@@ -189,11 +195,12 @@ impl Endpoint {
         b.extend((self.rx.len() as u64).to_le_bytes());
         b.extend(self.credit_in.addr().to_le_bytes());
         b.extend(self.credit_in.rkey().0.to_le_bytes());
+        b.push(auth.code());
         b
     }
 }
 
-const OFFER_LEN: usize = 4 + 4 + 16 + 2 + 4 + 8 + 4 + 8 + 8 + 4;
+const OFFER_LEN: usize = 4 + 4 + 16 + 2 + 4 + 8 + 4 + 8 + 8 + 4 + 1;
 
 /// A peer's offer, decoded.
 pub(crate) struct Offer {
@@ -203,6 +210,8 @@ pub(crate) struct Offer {
     ring: RemoteAddr,
     ring_len: usize,
     credit: RemoteAddr,
+    /// The packet protection the peer asks for.
+    auth: PacketAuth,
 }
 
 impl Offer {
@@ -218,6 +227,7 @@ impl Offer {
         if !(4096..=1 << 30).contains(&ring_len) {
             return Err(format!("RDMA offer with a ring of {ring_len} bytes"));
         }
+        let auth = PacketAuth::from_code(b[62]).ok_or("RDMA offer with an unknown protection")?;
         Ok(Self {
             remote: RemoteQp {
                 qpn: monel_verbs::Qpn::new(u32_at(0) & 0xff_ffff),
@@ -235,6 +245,7 @@ impl Offer {
                 addr: u64_at(50),
                 rkey: RKey(u32_at(58)),
             },
+            auth,
         })
     }
 }
@@ -276,7 +287,7 @@ pub(crate) fn upgrade(
             .clone()
             .and_then(|nic| Endpoint::new(&nic, cfg.ring).map_err(|e| e.to_string()));
         match &ep {
-            Ok(ep) => s.send(OFFER, &[&ep.offer()])?,
+            Ok(ep) => s.send(OFFER, &[&ep.offer(cfg.auth)])?,
             Err(why) => s.send(NO_OFFER, &[why.as_bytes()])?,
         }
         mine[j] = Some(ep);
@@ -292,6 +303,11 @@ pub(crate) fn upgrade(
             (Ok(_), k) if k != OFFER => Err(format!("rank {j} sent a garbled RDMA handshake")),
             (Ok(ep), _) => Offer::decode(f.first().map_or(&[], |v| v)).and_then(|o| {
                 let nic = &ep.nic;
+                let mode = cfg.auth.max(o.auth);
+                let (mine, theirs) = (ep.qp.qp_num().value(), o.remote.qpn.value());
+                ep.qp
+                    .protect(&Protection::between(s.key(), mode, mine, theirs))
+                    .map_err(|e| e.to_string())?;
                 ep.qp
                     .connect(
                         &o.remote,
@@ -337,13 +353,14 @@ pub(crate) fn upgrade(
             (Ok((ep, o)), READY) => {
                 let nic = &ep.nic;
                 let desc = format!(
-                    "{} -> gid {} udp {} qpn {:#x}, MTU {}, {} KiB ring",
+                    "{} -> gid {} udp {} qpn {:#x}, MTU {}, {} KiB ring, packets {}",
                     nic.describe(),
                     gid_text(o.remote.gid),
                     o.port,
                     o.remote.qpn.value(),
                     nic.mtu.min(o.mtu).bytes(),
-                    ep.rx.len() >> 10
+                    ep.rx.len() >> 10,
+                    cfg.auth.max(o.auth)
                 );
                 let link = RdmaLink::new(ep, o, s.s)?;
                 Setup::Up(link, format!("soft-RNIC {desc}"))
