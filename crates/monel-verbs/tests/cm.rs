@@ -51,6 +51,11 @@ fn meet(
     server_secret: Option<&'static str>,
     client_secret: Option<&'static str>,
 ) -> (Met, Met) {
+    meet_with(x, port, cfg(server_secret), cfg(client_secret))
+}
+
+/// [`meet`] with whole configurations.
+fn meet_with(x: u8, port: u16, server: CmConfig, client: CmConfig) -> (Met, Met) {
     let l = Listener::bind(format!("127.0.0.{x}:0").parse().unwrap()).unwrap();
     let addr: SocketAddr = l.local_addr().unwrap();
     let srv = thread::spawn(move || {
@@ -66,12 +71,12 @@ fn meet(
             rkey: mr.rkey(),
             len: 4096,
         };
-        let r = l.accept(&s.qp, Some(buf), &cfg(server_secret));
+        let r = l.accept(&s.qp, Some(buf), &server);
         std::mem::forget(mr);
         r.map(|c| (c, s))
     });
     let c = side(&format!("127.0.0.{}", x + 1), port);
-    let r = cm::connect(addr, &c.qp, None, &cfg(client_secret)).map(|conn| (conn, c));
+    let r = cm::connect(addr, &c.qp, None, &client).map(|conn| (conn, c));
     (srv.join().unwrap(), r)
 }
 
@@ -91,6 +96,43 @@ fn exchange_brings_both_to_rts_and_read_works() {
     let t = thread::spawn(move || sc.barrier().map(|()| sc));
     cc.barrier().unwrap();
     t.join().unwrap().unwrap();
+}
+
+/// The connection takes the stronger side's packet protection, keyed from the secret: a
+/// client asking for encryption gets it from a server that asks for none, and a READ
+/// crosses. Protection without a secret is refused, naming the secret.
+#[test]
+fn packet_protection_is_negotiated_and_needs_the_secret() {
+    let with = |auth| CmConfig {
+        auth,
+        ..cfg(Some("k3y"))
+    };
+    let (s, c) = meet_with(
+        78,
+        24806,
+        with(protect::PacketAuth::None),
+        with(protect::PacketAuth::Encrypt),
+    );
+    let (sc, s) = s.unwrap();
+    let (cc, c) = c.unwrap();
+    assert_eq!(
+        (sc.auth, cc.auth),
+        (protect::PacketAuth::Encrypt, protect::PacketAuth::Encrypt)
+    );
+    let b = cc.remote_buf.expect("server offered a buffer");
+    assert!(read_remote(&c, b).iter().all(|&x| x == 7));
+    assert_eq!(
+        s.ctx.counters().auth_failed + c.ctx.counters().auth_failed,
+        0
+    );
+    let bare = CmConfig {
+        auth: protect::PacketAuth::Mac,
+        ..cfg(None)
+    };
+    let (s, c) = meet_with(80, 24807, bare, cfg(None));
+    let se = s.unwrap_err().to_string();
+    assert!(se.contains("needs a shared secret"), "{se}");
+    assert!(c.is_err());
 }
 
 #[test]
