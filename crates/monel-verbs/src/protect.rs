@@ -262,6 +262,25 @@ impl Sealer {
     }
 }
 
+/// Opening arbitrary bytes as a protected QP's packet, for the fuzzers (`fuzz/`): the first
+/// byte picks the mode and the header length; a typed rejection, never a panic.
+#[doc(hidden)]
+pub fn fuzz_open(bytes: &[u8]) {
+    let Some((&first, rest)) = bytes.split_first() else {
+        return;
+    };
+    let mode = if first & 1 == 0 {
+        PacketAuth::Mac
+    } else {
+        PacketAuth::Encrypt
+    };
+    let k = Key::from_secret(b"fuzz");
+    let mut s = Sealer::new(&Protection::between(&k, mode, 1, 2)).expect("a sealing mode");
+    let mut buf = rest.to_vec();
+    let n = buf.len();
+    let _ = s.open(&mut buf, n, usize::from(first >> 1));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
