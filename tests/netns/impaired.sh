@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Monel across an impaired path between network namespaces, through the project's software
-# switch (`monel switch`): the perf tools, a 1 GiB RDMA WRITE verified by CRC-32, and DCQCN
-# reacting to real ECN marks. Needs root. Usage: tests/netns/impaired.sh [path/to/monel]
+# switch (`monel switch`): the perf tools, a 1 GiB RDMA WRITE verified by CRC-32, DCQCN
+# reacting to real ECN marks, and a blocked RDMA path named within the liveness bound.
+# Needs root. Usage: tests/netns/impaired.sh [path/to/monel]
 # Environment: SIZE (default 1G) for the big transfer.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -101,5 +102,28 @@ ce=$(sed -E 's/.*device ecn_ce ([0-9]+).*/\1/' "$out/cc-on.srv.out" | tail -1)
 awk -v r="$minrate" 'BEGIN { exit !(r < 10) }' || fail "DCQCN never cut its rate (min $minrate Gb/s)"
 echo "DCQCN reacted: $cnps CNPs from $ce CE-marked packets; rate fell to $minrate Gb/s;" \
   "tail drops at the switch: ${drops[off]} without DCQCN, ${drops[on]} with"
+# 4. A blocked RDMA path while TCP still works: the switch drops every UDP frame, so the two
+#    ranks' soft RNICs never hear from each other while their TCP connections and status
+#    endpoints answer. Each must name the other within the liveness bound (3 s here), long
+#    before the 60 s timeout.
+switch_start --loss 1 --seed 14
+t0=$SECONDS
+for r in 0 1; do
+  ip=$A; ns=mnl-a
+  [[ $r == 1 ]] && ip=$B && ns=mnl-b
+  ip netns exec $ns env RANK=$r WORLD_SIZE=2 MASTER_ADDR=$A MASTER_PORT=29611 \
+    MONEL_TRANSPORT=rdma MONEL_RDMA_DEV=$ip MONEL_LIVENESS=3 MONEL_TIMEOUT=60 \
+    timeout 90 "$monel" bench all_reduce -b 1M -e 1M -n 2 >"$out/blocked$r.out" 2>&1 &
+  pids[$r]=$!
+done
+for r in 0 1; do
+  if wait "${pids[$r]}"; then fail "rank $r ran a collective over a blocked path"; fi
+  grep -q "RDMA path is blocked" "$out/blocked$r.out" || fail "rank $r did not name the blocked path"
+done
+took=$((SECONDS - t0))
+[[ $took -lt 20 ]] || fail "the blocked path took $took s to be named"
+echo "blocked RDMA path named by both ranks in $took s: $(grep -h 'blocked' "$out/blocked0.out")"
+switch_stop
+
 echo "impaired-path tests passed in $((SECONDS - start)) s"
 rm -rf "$out"

@@ -823,8 +823,15 @@ pub(crate) fn run(
             if ctx.liveness.as_ref().is_some_and(|l| l.due(now, stalled)) {
                 let waiting: Vec<usize> = (0..npeers).filter(|&p| driven[p] != 0).collect();
                 let what = ctx.name.what();
+                let links = &ctx.links.links;
+                let progress = |p: usize| {
+                    links
+                        .get(p)
+                        .and_then(Option::as_ref)
+                        .and_then(|l| l.path_progress())
+                };
                 if let Some(l) = ctx.liveness.as_mut() {
-                    l.check(now, stalled, &waiting, &what)?;
+                    l.check(now, stalled, &waiting, &what, &progress)?;
                 }
             }
             if now - since < ctx.spin {

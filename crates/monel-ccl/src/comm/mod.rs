@@ -43,7 +43,7 @@ use crate::bootstrap::{PeerAddrs, UniqueId};
 use crate::error::{CclError, ErrorKind, Result};
 use crate::exec::{self, Ctx, Links, Name, P2pSeqs, Pool};
 use crate::frame::Signature;
-use crate::liveness::Liveness;
+use crate::liveness::{Liveness, PeerState};
 use crate::window::Windows;
 use monel_sched::buffers::Buffers;
 use monel_sched::dtype::{DataType, RedOp};
@@ -658,7 +658,12 @@ impl Communicator {
         p2p: bool,
     ) -> Result<()> {
         let key = &self.key;
-        let probe = |a| query_status(a, key).is_ok();
+        let probe = |a| {
+            query_status(a, key).ok().map(|(seq, text)| PeerState {
+                seq,
+                failed: text.starts_with("failed"),
+            })
+        };
         let mut ctx = Ctx {
             links: &mut self.links,
             name: Name {
@@ -674,7 +679,7 @@ impl Communicator {
                 recv: &mut self.p2p_received,
             }),
             liveness: (!self.cfg.liveness.is_zero())
-                .then(|| Liveness::new(&self.status_addrs, self.cfg.liveness, &probe)),
+                .then(|| Liveness::new(&self.status_addrs, self.cfg.liveness, &probe, sig.seq)),
         };
         exec::run(&mut ctx, sched, bufs, &mut self.pool)
     }

@@ -73,6 +73,11 @@ pub(crate) trait Link: Send {
     /// After a sleep: withdraws the wake-up requests [`Self::arm`] made.
     fn disarm(&mut self) {}
     /// The transport's counters for the logs (retransmissions and the like), if it has any.
+    /// The path's counters for the liveness check: retransmission timeouts, and packets
+    /// taken from the peer (`None`: no path of its own to watch).
+    fn path_progress(&self) -> Option<(u64, u64)> {
+        None
+    }
     fn counters(&self) -> Option<String> {
         None
     }

@@ -817,6 +817,9 @@ impl Link for RdmaLink {
         let st = self.st.get_mut();
         st.cq.get_event();
     }
+    fn path_progress(&self) -> Option<(u64, u64)> {
+        self.stats().map(|s| (s.timeouts, s.rx_packets))
+    }
     fn counters(&self) -> Option<String> {
         let s = self.stats()?;
         let d = self.st.borrow().nic.ctx.counters();
