@@ -227,12 +227,16 @@ class Connection:
     def remote_buffer(self) -> Optional[tuple[int, int, int]]: ...
     @property
     def mtu(self) -> int: ...
+    @property
+    def auth(self) -> str: ...
     def barrier(self) -> None: ...
 
 class Listener:
     def __init__(self, address: str) -> None: ...
     @property
     def address(self) -> str: ...
+    @property
+    def dropped(self) -> int: ...
     def accept(
         self,
         qp: QueuePair,
@@ -242,6 +246,8 @@ class Listener:
         mtu: int = 4096,
         ack_timeout: int = 14,
         retry_cnt: int = 7,
+        auth: Optional[str] = None,
+        wait: Optional[float] = None,
     ) -> Connection: ...
 
 def connect(
@@ -253,4 +259,5 @@ def connect(
     mtu: int = 4096,
     ack_timeout: int = 14,
     retry_cnt: int = 7,
+    auth: Optional[str] = None,
 ) -> Connection: ...

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use monel_verbs::cm::{self, BufferInfo, CmConfig, Connection, Listener};
+use monel_verbs::protect::PacketAuth;
 use monel_verbs::{
     AccessFlags, CompletionQueue, ConnectParams, Context, ContextConfig, Device, Gid, Mtu,
     PortState, ProtectionDomain, Psn, QpCap, QpInitAttr, QpType, Qpn, QueuePair, RKey, RemoteAddr,
@@ -757,6 +758,11 @@ impl PyConnection {
     fn mtu(&self) -> u32 {
         self.conn.mtu.bytes()
     }
+    /// The negotiated packet protection: `"none"`, `"mac"` or `"encrypt"`.
+    #[getter]
+    fn auth(&self) -> String {
+        self.conn.auth.to_string()
+    }
     /// Waits, without the GIL, until the peer calls `barrier` too.
     fn barrier(&mut self, py: Python<'_>) -> PyResult<()> {
         let c = &mut self.conn;
@@ -790,9 +796,29 @@ impl Retry {
     }
 }
 
-fn cm_config(secret: Option<&[u8]>, timeout: f64, mtu: u32, retry: Retry) -> PyResult<CmConfig> {
+/// The connection manager's settings from the Python arguments. `auth` (`"none"`, `"mac"`,
+/// `"encrypt"`) defaults to `"mac"` with a secret and `"none"` without.
+fn cm_config(
+    secret: Option<&[u8]>,
+    auth: Option<&str>,
+    timeout: f64,
+    mtu: u32,
+    retry: Retry,
+) -> PyResult<CmConfig> {
+    let auth = match auth {
+        Some(a) => PacketAuth::parse(a)
+            .ok_or_else(|| invalid(format!("auth {a:?}: want none, mac or encrypt")))?,
+        None if secret.is_some() => PacketAuth::Mac,
+        None => PacketAuth::None,
+    };
+    if auth != PacketAuth::None && secret.is_none() {
+        return Err(invalid(format!(
+            "auth {auth} needs a shared secret (secret=...)"
+        )));
+    }
     let mut cfg = CmConfig {
         secret: secret.map(<[u8]>::to_vec),
+        auth,
         mtu: mtu_of(mtu)?,
         timeout: timeout_of(timeout)?,
         ..CmConfig::default()
@@ -841,9 +867,12 @@ impl PyListener {
         Ok(self.l.local_addr().map_err(verr)?.to_string())
     }
     /// Accepts one peer for `qp` (in RESET), offering `mr` for its RDMA; brings `qp` to RTS.
-    /// With a `secret`, the peer must prove it holds the same one.
+    /// Serves connections until one completes the handshake, or `wait` seconds pass (then a
+    /// timeout error): a garbled, silent or unauthenticated connection is dropped, logged and
+    /// counted (`dropped`), never the end of the listener. With a `secret`, the peer must
+    /// prove it holds the same one; `auth` asks for packet protection (see `connect`).
     /// `ack_timeout` and `retry_cnt` set how the QP retransmits (7: forever).
-    #[pyo3(signature = (qp, mr=None, secret=None, timeout=10.0, mtu=4096, ack_timeout=14, retry_cnt=7))]
+    #[pyo3(signature = (qp, mr=None, secret=None, timeout=10.0, mtu=4096, ack_timeout=14, retry_cnt=7, auth=None, wait=None))]
     #[allow(clippy::too_many_arguments)]
     fn accept(
         &self,
@@ -855,20 +884,37 @@ impl PyListener {
         mtu: u32,
         ack_timeout: u8,
         retry_cnt: u8,
+        auth: Option<&str>,
+        wait: Option<f64>,
     ) -> PyResult<PyConnection> {
-        let cfg = cm_config(secret, timeout, mtu, Retry::new(ack_timeout, retry_cnt)?)?;
+        let cfg = cm_config(
+            secret,
+            auth,
+            timeout,
+            mtu,
+            Retry::new(ack_timeout, retry_cnt)?,
+        )?;
+        let wait = wait.map(timeout_of).transpose()?;
         let buf = offer(mr)?;
         let conn = py
-            .detach(|| self.l.accept(&qp.qp, buf, &cfg))
+            .detach(|| self.l.serve(&qp.qp, buf, &cfg, wait))
             .map_err(verr)?;
         Ok(PyConnection { conn })
+    }
+    /// Connections `accept` dropped so far (garbled, silent, unauthenticated).
+    #[getter]
+    fn dropped(&self) -> usize {
+        self.l.dropped()
     }
 }
 
 /// Connects `qp` (in RESET) to a listening peer at `address` (`rdma_connect`), offering `mr`;
-/// brings `qp` to RTS. `ack_timeout` and `retry_cnt` set how the QP retransmits (7: forever).
+/// brings `qp` to RTS. `auth` asks for packet protection: `"mac"` (a tag on every packet,
+/// the default with a `secret`), `"encrypt"` (AES-GCM) or `"none"`; the connection takes the
+/// stronger side's (`Connection.auth`). `ack_timeout` and `retry_cnt` set how the QP
+/// retransmits (7: forever).
 #[pyfunction]
-#[pyo3(signature = (address, qp, mr=None, secret=None, timeout=10.0, mtu=4096, ack_timeout=14, retry_cnt=7))]
+#[pyo3(signature = (address, qp, mr=None, secret=None, timeout=10.0, mtu=4096, ack_timeout=14, retry_cnt=7, auth=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn connect(
     py: Python<'_>,
@@ -880,9 +926,16 @@ pub fn connect(
     mtu: u32,
     ack_timeout: u8,
     retry_cnt: u8,
+    auth: Option<&str>,
 ) -> PyResult<PyConnection> {
     let addr = sockaddr(address)?;
-    let cfg = cm_config(secret, timeout, mtu, Retry::new(ack_timeout, retry_cnt)?)?;
+    let cfg = cm_config(
+        secret,
+        auth,
+        timeout,
+        mtu,
+        Retry::new(ack_timeout, retry_cnt)?,
+    )?;
     let buf = offer(mr)?;
     let conn = py
         .detach(|| cm::connect(addr, &qp.qp, buf, &cfg))

@@ -2,6 +2,7 @@
 the soft RNIC, every operation's completion, and bad input (typed errors and ibv_wc_status
 completions, never a hang)."""
 
+import socket
 import subprocess
 import sys
 import threading
@@ -219,27 +220,44 @@ def test_bad_arguments_raise_typed_errors():
         verbs.Listener("localhost")
 
 
-def test_wrong_secret_is_refused_on_both_sides():
-    # The same secret on both sides: connected.
-    s, c, _, _ = pair(secret=b"right")
+def test_wrong_secret_is_refused_and_the_listener_keeps_serving():
+    # The same secret on both sides: connected, every packet tagged.
+    s, c, sconn, cconn = pair(secret=b"right")
     assert c.qp.state == "rts"
+    assert sconn.auth == cconn.auth == "mac"
     s, c = Side(), Side()
     listener = verbs.Listener("127.0.0.1:0")
-    errs = {}
+    got = {}
 
     def accept():
         try:
-            listener.accept(s.qp, secret=b"right", timeout=5.0)
+            got["conn"] = listener.accept(s.qp, secret=b"right", timeout=5.0, wait=20.0)
         except verbs.VerbsError as x:
-            errs["server"] = x
+            got["err"] = x
 
     t = threading.Thread(target=accept)
     t.start()
+    # A garbled connection and a client with the wrong secret are dropped and counted.
+    junk = socket.create_connection(tuple_of(listener.address))
+    junk.sendall(b"\xff" * 64)
     with pytest.raises(verbs.VerbsError, match="authentication failed") as e:
-        verbs.connect(listener.address, c.qp, secret=b"wrong", timeout=5.0)
-    t.join()
+        verbs.connect(listener.address, Side().qp, secret=b"wrong", timeout=5.0)
     assert e.value.kind == "peer"
-    assert "could not prove the shared secret" in str(errs["server"])
+    # The real client is still served, with encryption it asks for.
+    cconn = verbs.connect(listener.address, c.qp, secret=b"right", timeout=5.0, auth="encrypt")
+    t.join()
+    junk.close()
+    assert "err" not in got, got.get("err")
+    assert got["conn"].auth == cconn.auth == "encrypt"
+    assert listener.dropped >= 2
+    # Protection without a secret is refused before anything is sent.
+    with pytest.raises(InvalidArgumentError, match="needs a shared secret"):
+        verbs.connect(listener.address, Side().qp, auth="mac", timeout=1.0)
+
+
+def tuple_of(address):
+    host, port = address.rsplit(":", 1)
+    return host, int(port)
 
 
 def test_dead_peer_ends_in_retry_exceeded_not_a_hang():

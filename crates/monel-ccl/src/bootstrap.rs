@@ -974,4 +974,65 @@ mod tests {
             );
         }
     }
+
+    /// A silent connection, a hello under the wrong key and a hello replayed from another
+    /// connection (it answers another challenge) reach rank 0's mesh listener before rank 1
+    /// dials: each is dropped, and the mesh forms with one link key on both sides.
+    #[test]
+    fn the_mesh_forms_past_silent_forged_and_replayed_hellos() {
+        let key = Key::from_secret(b"job key");
+        let ls: Vec<TcpListener> = (0..2)
+            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let table: Vec<PeerAddrs> = ls
+            .iter()
+            .map(|l| PeerAddrs {
+                data: l.local_addr().unwrap(),
+                status: "127.0.0.1:9".parse().unwrap(),
+                machine: String::new(),
+                host: String::new(),
+                cpus: String::new(),
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let at = table[0].data;
+        std::thread::scope(|sc| {
+            let (l0, t0, k0) = (&ls[0], &table, &key);
+            let zero = sc.spawn(move || mesh(l0, t0, 0, k0, deadline));
+            let _silent = TcpStream::connect(at).unwrap();
+            let hello = |k: &Key, challenge: &[u8]| {
+                let mine = [9u8; 16];
+                let mut m = MAGIC_HELLO.to_vec();
+                m.extend(1u32.to_le_bytes());
+                m.extend(mine);
+                m.extend(k.prove(&[
+                    b"hello",
+                    challenge,
+                    &mine,
+                    &1u32.to_le_bytes(),
+                    &0u32.to_le_bytes(),
+                ]));
+                m
+            };
+            let attempt = |m: &dyn Fn(&[u8]) -> Vec<u8>| {
+                let mut s = TcpStream::connect(at).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut c = [0u8; 20];
+                s.read_exact(&mut c).unwrap();
+                s.write_all(&m(&c[4..])).unwrap();
+                // Dropped: no welcome, the connection closes.
+                let mut w = [0u8; 36];
+                assert!(s.read_exact(&mut w).is_err(), "an attacker was welcomed");
+            };
+            attempt(&|c| hello(&Key::from_secret(b"guess"), c));
+            attempt(&|_| hello(&key, &[1u8; 16]));
+            let one = mesh(&ls[1], &table, 1, &key, deadline).unwrap();
+            let zero = zero.join().unwrap().unwrap();
+            let (Some((_, k1)), Some((_, k0))) = (&one[0], &zero[1]) else {
+                panic!("the mesh did not form");
+            };
+            assert_eq!(k0, k1, "both ends derive one link key");
+            assert_ne!(k0, &key);
+        });
+    }
 }

@@ -101,6 +101,19 @@ fn pingpong_between_two_processes_checks_data() {
         "-c",
         "--counters",
     ]);
+    // A garbled and a silent connection first: the server drops the one, outlasts the
+    // other, and serves the real client.
+    let at = "127.0.1.2:18811";
+    let t = std::time::Instant::now();
+    let mut garbled = loop {
+        match std::net::TcpStream::connect(at) {
+            Ok(s) => break s,
+            Err(e) if t.elapsed() > std::time::Duration::from_secs(10) => panic!("{at}: {e}"),
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    };
+    std::io::Write::write_all(&mut garbled, &[0xff; 52]).unwrap();
+    let silent = std::net::TcpStream::connect(at).unwrap();
     let (code, out) = monel(&[
         "pingpong",
         "-d",
@@ -120,8 +133,10 @@ fn pingpong_between_two_processes_checks_data() {
     assert!(out.contains("6000000 bytes in"), "{out}");
     assert!(out.contains("300 iters in"), "{out}");
     let (code, sout) = finish(srv);
+    drop((garbled, silent));
     assert_eq!(code, 0, "{sout}");
     assert!(sout.contains("icrc_errors              0"), "{sout}");
+    assert!(sout.contains("dropped a connection"), "{sout}");
 }
 
 #[test]

@@ -447,3 +447,60 @@ fn the_peers_source_port_is_pinned_at_its_first_packet() {
     });
     assert!(b.cq.poll(4).is_empty());
 }
+
+/// 512 forged packets aimed at a protected QP before its peer's first packet (so from a
+/// port it has not pinned yet), with the right QPN and PSNs around the expected one, are all
+/// dropped as forged; then a 1 MiB WRITE lands intact, and a second flood from that port is
+/// dropped as a bad source.
+#[test]
+fn a_flood_of_forged_packets_neither_lands_nor_breaks_a_protected_qp() {
+    let x = 120;
+    let a = side(&format!("127.0.0.{x}"), PORT + 6);
+    let b = side(&format!("127.0.0.{}", x + 1), PORT + 6);
+    protect(&a, &b, protect::PacketAuth::Mac);
+    connect(&a, &b, Mtu::Mtu4096);
+    let dst: SocketAddr = format!("127.0.0.{}:{}", x + 1, PORT + 6).parse().unwrap();
+    let attacker = UdpSocket::bind(format!("127.0.0.{x}:0")).unwrap();
+    let src = attacker.local_addr().unwrap();
+    let bq = b.qp.qp_num().value();
+    let flood = |n: u32| {
+        for i in 0..n {
+            let psn = (a.psn.value() + i % 64) & 0xff_ffff;
+            attacker
+                .send_to(&send_only(src, dst, bq, psn, 0xffff, &[0xee; 256]), dst)
+                .unwrap();
+        }
+    };
+    flood(512);
+    until("512 forged packets to be counted", || {
+        b.ctx.counters().auth_failed >= 512
+    });
+    let rw = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 % 253) as u8).collect();
+    let amr = a.pd.reg_mr(data.clone(), rw).unwrap();
+    let bmr = b.pd.reg_mr(vec![0u8; 1 << 20], rw).unwrap();
+    a.qp.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Write(RemoteAddr {
+            addr: bmr.addr(),
+            rkey: bmr.rkey(),
+        }),
+        sg_list: vec![amr.sge(0, 1 << 20)],
+        flags: signaled(),
+    })
+    .unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    let mut got = vec![0u8; 1 << 20];
+    bmr.read(0, &mut got).unwrap();
+    assert!(got == data, "the WRITE did not land intact");
+    let before = b.ctx.counters();
+    flood(64);
+    until("the second flood to be dropped as a bad source", || {
+        b.ctx.counters().bad_source >= before.bad_source + 64
+    });
+    assert_eq!(b.ctx.counters().auth_failed, before.auth_failed);
+    assert!(
+        b.cq.poll(4).is_empty(),
+        "a forged packet completed something"
+    );
+}

@@ -125,3 +125,31 @@ impl Communicator {
         .with_ranks(missing)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A query that cannot prove the job key learns nothing, and a silent connection held
+    /// open delays no rank's query.
+    #[test]
+    fn the_status_endpoint_answers_only_the_job_and_no_one_stalls_it() {
+        let key = Key::from_secret(b"job key");
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = l.local_addr().unwrap();
+        let status = Arc::new(Mutex::new(Status {
+            seq: 41,
+            sig: None,
+            state: "running",
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        serve_status(l, status, stop.clone(), key.clone());
+        let _silent = TcpStream::connect(at).unwrap();
+        let e = query_status(at, &Key::from_secret(b"guess")).unwrap_err();
+        assert!(!e.contains("seq"), "{e}");
+        // The query gives up after 500 ms: behind the silent connection it would fail.
+        let (seq, text) = query_status(at, &key).unwrap();
+        assert_eq!((seq, text.as_str()), (41, "running init"));
+        stop.store(true, Ordering::Release);
+    }
+}

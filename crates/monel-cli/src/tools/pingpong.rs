@@ -10,6 +10,7 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use monel_verbs::Gid;
+use monel_verbs::greeter::Greeter;
 use monel_verbs::{
     AccessFlags, AddressHandle, AhAttr, GRH_LEN, Mtu, Psn, QKey, Qpn, RecvWr, SendFlags, SendOp,
     SendWr, WcStatus,
@@ -287,9 +288,21 @@ pub(crate) fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
         }
         Role::Server { bind } => {
             let l = TcpListener::bind(SocketAddr::new(*bind, o.port)).map_err(io)?;
-            let (mut s, _) = l.accept().map_err(io)?;
+            // Every connection is read on its own until one sends a valid destination: a
+            // silent, slow or garbled one is dropped and logged, never the end of the server.
+            let mut greeter = Greeter::new(
+                l,
+                |s: &mut TcpStream| Dest::parse(&read_exact_once(s, MSG_LEN)?),
+                o.timeout,
+                "pingpong",
+            )
+            .map_err(io)?;
+            let (mut s, peer) = loop {
+                if let Some((s, _, peer)) = greeter.next(Duration::from_secs(1)).map_err(io)? {
+                    break (s, peer);
+                }
+            };
             s.set_read_timeout(Some(o.timeout)).map_err(io)?;
-            let peer = Dest::parse(&read_exact_once(&mut s, MSG_LEN)?)?;
             // Like rdma-core: our QP is ready before the client learns where it is.
             connect(&peer)?;
             s.write_all(&me.encode()).map_err(io)?;

@@ -80,6 +80,11 @@ impl QpOps for SoftQp {
             if let Some(p) = peer {
                 slot.peer = Some(p);
             }
+            // Back to RESET: the next connection brings its own protection and peer port.
+            if mask.contains(AttrMask::STATE) && attr.qp_state == QpState::Reset {
+                slot.sealer = None;
+                slot.src_port = None;
+            }
             Ok(())
         })?;
         self.shared.ring();
