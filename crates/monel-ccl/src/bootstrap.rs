@@ -379,6 +379,7 @@ fn refuse(s: &mut TcpStream, why: &str) {
 /// The root's side of one connection: its challenge, then a registration that proves the
 /// job key (refused with a message otherwise). Returns the registration and the challenge.
 fn greet_rank(s: &mut TcpStream, key: &Key) -> std::io::Result<(Registration, Nonce)> {
+    s.set_nodelay(true)?;
     let challenge = nonce();
     let mut hello = MAGIC_BOOT.to_vec();
     hello.extend(challenge);
@@ -523,6 +524,7 @@ pub(crate) fn rendezvous(
     let left = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(10));
+    let _ = s.set_nodelay(true);
     let _ = s.set_read_timeout(Some(left.min(REGISTRATION_TIME)));
     let io = |e: std::io::Error| {
         if matches!(
@@ -687,6 +689,9 @@ fn greet_peer(
     rank: usize,
     n: usize,
 ) -> std::io::Result<(usize, Key)> {
+    // Small messages both ways: without this, Nagle holds the next one back until the
+    // peer's delayed ACK (40 ms).
+    s.set_nodelay(true)?;
     let challenge = nonce();
     let mut m = MAGIC_HELLO.to_vec();
     m.extend(challenge);
@@ -726,6 +731,7 @@ fn greet_peer(
 /// The dialer's side of a mesh connection to rank `j`: answers its challenge and checks
 /// its proof. Returns the link key.
 fn dial_peer(s: &mut TcpStream, key: &Key, rank: usize, j: usize) -> std::io::Result<Key> {
+    s.set_nodelay(true)?;
     s.set_read_timeout(Some(HELLO_TIME))?;
     let mut m = [0u8; 20];
     s.read_exact(&mut m)?;
