@@ -243,6 +243,22 @@ fn a_thousand_connected_qps_on_one_device() {
     assert_eq!(ctx_b.counters().qps, n as u64);
 }
 
+/// The real peer `a` SENDs `b"real"` to `b`; returns `b`'s completion once `a`'s succeeded.
+fn real_send(a: &Side, b: &Side) -> WorkCompletion {
+    let amr =
+        a.pd.reg_mr(b"real".to_vec(), AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    a.qp.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        sg_list: vec![amr.sge(0, 4)],
+        flags: signaled(),
+    })
+    .unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    one(&b.cq)
+}
+
 /// Both sides of a pair protect their QPs with `mode` under one made-up key.
 fn protect(a: &Side, b: &Side, mode: protect::PacketAuth) {
     let key = auth::Key::from_secret(b"made-up link key");
@@ -385,18 +401,7 @@ fn a_psn_correct_injection_lands_only_on_a_plain_qp() {
             "a forged packet completed a receive"
         );
         assert!(bmr.lock().unwrap().iter().all(|&x| x == 0));
-        let amr =
-            a.pd.reg_mr(b"real".to_vec(), AccessFlags::LOCAL_WRITE)
-                .unwrap();
-        a.qp.post_send(SendWr {
-            wr_id: 1,
-            op: SendOp::Send,
-            sg_list: vec![amr.sge(0, 4)],
-            flags: signaled(),
-        })
-        .unwrap();
-        assert_eq!(one(&a.cq).status, WcStatus::Success);
-        assert_eq!(one(&b.cq).byte_len, 4);
+        assert_eq!(real_send(&a, &b).byte_len, 4);
         let mut got = [0u8; 4];
         bmr.read(0, &mut got).unwrap();
         assert_eq!(&got, b"real");
@@ -419,18 +424,7 @@ fn the_peers_source_port_is_pinned_at_its_first_packet() {
         })
         .unwrap();
     }
-    let amr =
-        a.pd.reg_mr(b"real".to_vec(), AccessFlags::LOCAL_WRITE)
-            .unwrap();
-    a.qp.post_send(SendWr {
-        wr_id: 1,
-        op: SendOp::Send,
-        sg_list: vec![amr.sge(0, 4)],
-        flags: signaled(),
-    })
-    .unwrap();
-    assert_eq!(one(&a.cq).status, WcStatus::Success);
-    assert_eq!(one(&b.cq).wr_id, 1);
+    assert_eq!(real_send(&a, &b).wr_id, 1);
     let dst: SocketAddr = format!("127.0.0.119:{}", PORT + 5).parse().unwrap();
     let attacker = UdpSocket::bind("127.0.0.118:0").unwrap();
     let src = attacker.local_addr().unwrap();
