@@ -47,7 +47,7 @@ impl UniqueId {
     /// one communicator, and returns its id. Ranks must hold the secret of
     /// `MONEL_SECRET_FILE` or `MONEL_SECRET` when one is set here (see [`Self::create_with`]).
     pub fn create(bind: SocketAddr) -> Result<Self> {
-        Self::create_with(bind, crate::comm::secret_from_env()?.as_ref())
+        Self::create_with(bind, secret_from_env()?.as_ref())
     }
 
     /// As [`Self::create`], for ranks that hold `secret` ([`crate::CommConfig::secret`]).
@@ -125,6 +125,38 @@ impl FromStr for UniqueId {
         }
         Ok(Self { root, token })
     }
+}
+
+/// The job secret from `MONEL_SECRET_FILE` (its bytes, a trailing newline ignored) or
+/// `MONEL_SECRET`; `None` when neither is set. An empty or unreadable one is an error.
+pub(crate) fn secret_from(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Key>> {
+    let bytes = if let Some(p) = env("MONEL_SECRET_FILE").filter(|p| !p.is_empty()) {
+        let mut b = std::fs::read(&p).map_err(|e| {
+            CclError::invalid(format!("MONEL_SECRET_FILE={p:?}: cannot read it ({e})"))
+        })?;
+        while b.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
+            b.pop();
+        }
+        if b.is_empty() {
+            return Err(CclError::invalid(format!(
+                "MONEL_SECRET_FILE={p:?} is empty"
+            )));
+        }
+        b
+    } else if let Some(v) = env("MONEL_SECRET") {
+        if v.is_empty() {
+            return Err(CclError::invalid("MONEL_SECRET is set but empty"));
+        }
+        v.into_bytes()
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(Key::from_secret(&bytes)))
+}
+
+/// [`secret_from`] the process environment.
+pub(crate) fn secret_from_env() -> Result<Option<Key>> {
+    secret_from(&|k| std::env::var(k).ok())
 }
 
 /// Where this rank's bootstrap came from.
@@ -1040,5 +1072,27 @@ mod tests {
             assert_eq!(k0, k1, "both ends derive one link key");
             assert_ne!(k0, &key);
         });
+    }
+
+    #[test]
+    fn the_job_secret_comes_from_a_file_or_the_environment() {
+        let dir = std::env::temp_dir().join(format!("monel-jobsecret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("s");
+        std::fs::write(&file, "hunter2\n").unwrap();
+        let f = file.to_str().unwrap().to_string();
+        let from_file = secret_from(&|k| (k == "MONEL_SECRET_FILE").then(|| f.clone()));
+        assert_eq!(from_file.unwrap(), Some(Key::from_secret(b"hunter2")));
+        let from_env = secret_from(&|k| (k == "MONEL_SECRET").then(|| "hunter2".into()));
+        assert_eq!(from_env.unwrap(), Some(Key::from_secret(b"hunter2")));
+        assert_eq!(secret_from(&|_| None).unwrap(), None);
+        std::fs::write(&file, "\n").unwrap();
+        let e = secret_from(&|k| (k == "MONEL_SECRET_FILE").then(|| f.clone())).unwrap_err();
+        assert!(e.message.contains("is empty"), "{e}");
+        let gone = dir.join("none").to_str().unwrap().to_string();
+        let e = secret_from(&|k| (k == "MONEL_SECRET_FILE").then(|| gone.clone())).unwrap_err();
+        assert!(e.message.contains("cannot read it"), "{e}");
+        assert!(secret_from(&|k| (k == "MONEL_SECRET").then(String::new)).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

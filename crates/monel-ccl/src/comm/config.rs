@@ -6,7 +6,6 @@ use monel_sched::plan::Algorithm;
 
 use crate::error::{CclError, Result};
 use crate::transport::{RdmaConfig, ShmConfig};
-use monel_verbs::auth::Key;
 
 /// Settings (each has a `MONEL_*` variable; see [`CommConfig::from_env`]).
 #[derive(Debug, Clone)]
@@ -40,7 +39,7 @@ pub struct CommConfig {
     pub tcp_congestion: Vec<String>,
     /// The job's shared secret (`MONEL_SECRET_FILE`, else `MONEL_SECRET`): every rank must
     /// prove it holds it before it is trusted. Without one, ranks prove only the unique id.
-    pub secret: Option<Key>,
+    pub secret: Option<monel_verbs::auth::Key>,
 }
 
 /// Which transports pairs may use. Each pair takes the best allowed one that works:
@@ -223,7 +222,7 @@ impl CommConfig {
                 ))
             })?;
         }
-        c.secret = secret_from(env)?;
+        c.secret = crate::bootstrap::secret_from(env)?;
         // Logging is the subscriber's business (see `crate::log`); a malformed setting is
         // still an error here, with the others.
         crate::log::filter_from(
@@ -256,38 +255,6 @@ pub(super) fn with(vars: &[(&str, &str)]) -> Result<CommConfig> {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     CommConfig::from_vars(&move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
-}
-
-/// The job secret from `MONEL_SECRET_FILE` (its bytes, a trailing newline ignored) or
-/// `MONEL_SECRET`; `None` when neither is set. An empty or unreadable one is an error.
-pub(crate) fn secret_from(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Key>> {
-    let bytes = if let Some(p) = env("MONEL_SECRET_FILE").filter(|p| !p.is_empty()) {
-        let mut b = std::fs::read(&p).map_err(|e| {
-            CclError::invalid(format!("MONEL_SECRET_FILE={p:?}: cannot read it ({e})"))
-        })?;
-        while b.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
-            b.pop();
-        }
-        if b.is_empty() {
-            return Err(CclError::invalid(format!(
-                "MONEL_SECRET_FILE={p:?} is empty"
-            )));
-        }
-        b
-    } else if let Some(v) = env("MONEL_SECRET") {
-        if v.is_empty() {
-            return Err(CclError::invalid("MONEL_SECRET is set but empty"));
-        }
-        v.into_bytes()
-    } else {
-        return Ok(None);
-    };
-    Ok(Some(Key::from_secret(&bytes)))
-}
-
-/// [`secret_from`] the process environment.
-pub(crate) fn secret_from_env() -> Result<Option<Key>> {
-    secret_from(&|k| std::env::var(k).ok())
 }
 
 #[cfg(test)]

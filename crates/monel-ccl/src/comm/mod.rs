@@ -24,7 +24,6 @@ mod status;
 mod tuning;
 mod windows;
 
-pub(crate) use config::secret_from_env;
 pub use config::{CommConfig, Transports};
 use fast_path::TINY;
 pub use group::GroupOp;
