@@ -2,7 +2,8 @@
 # Interoperability with Linux Soft-RoCE, for real: rdma-core's ibv_rc_pingpong on rdma_rxe in
 # a QEMU VM against `monel pingpong` on the host, both directions, path MTU 1024 and 4096,
 # message sizes 1 B to 64 KiB; then ibv_ud_pingpong against `monel pingpong --ud`, both
-# directions, 1 B to 4 KiB; every packet captured and every ICRC checked by `monel dump`.
+# directions, 1 B to 4 KiB; every packet captured and every ICRC checked by `monel dump`;
+# then `monel doctor` carried into the VM, where it reads rxe0's GID table.
 # Run as root (network namespace, tap). Exit 0 only if every run and every ICRC passed.
 #   interop.sh [MONEL_BINARY]
 set -euo pipefail
@@ -89,5 +90,19 @@ prev=-1; while [[ $(stat -c %s "$pcap") != "$prev" ]]; do prev=$(stat -c %s "$pc
 kill $tcpd; wait $tcpd 2>/dev/null || true
 echo "== ICRC of every captured packet"
 if "$monel" dump -q "$pcap"; then echo "PASS dump"; else echo "FAIL dump"; fail=1; fi
+echo "== D: monel doctor in the VM (rxe0, a device with GIDs) and on the host (no RDMA device)"
+if r=$("$here/run.sh" -M 9000 -T 300 -l "$out/vm-d.log" -b "$monel" -c "monel doctor && monel doctor --json > /tmp/j && grep -c verdict /tmp/j" 2>&1) &&
+  echo "$r" | grep -qE "^ok +devices +rxe0 port 1 \(ACTIVE, LinkUp, Ethernet\): GID [0-9]+ RoCE v2 10\.77\.0\.2 on eth0" &&
+  echo "$r" | grep -q "a job would run here"; then
+  echo "PASS D vm: $(echo "$r" | grep -E '^ok +devices')"
+else
+  echo "FAIL D vm: $r"; fail=1
+fi
+if r=$("$monel" doctor 2>&1) && echo "$r" | grep -qE "^ok +devices +no RDMA device"; then
+  echo "PASS D host: $(echo "$r" | grep -E '^ok +providers')"
+else
+  echo "FAIL D host: $r"; fail=1
+fi
+
 echo "== interop.sh took $(( $(date +%s) - start )) s; result: $([[ $fail == 0 ]] && echo PASS || echo FAIL)"
 exit $fail

@@ -5,6 +5,7 @@ mod chart;
 mod connect;
 mod demo;
 mod devices;
+mod doctor;
 mod dump;
 mod fabric;
 mod launch;
@@ -36,6 +37,10 @@ enum Cmd {
     Dump(dump::DumpArgs),
     /// List soft RoCE devices, ports and GID tables (like ibv_devinfo).
     Devices(devices::DevicesArgs),
+    /// Pre-flight check before a job: RDMA providers and devices, the GID Monel would pick,
+    /// locked memory, /dev/shm, the bootstrap interface; the exit status says whether a job
+    /// would run (`--json` for tools).
+    Doctor(doctor::DoctorArgs),
     /// RC ping-pong, compatible with rdma-core's ibv_rc_pingpong.
     Pingpong(pingpong::PingpongArgs),
     /// perftest-style tests (write-bw, send-bw, read-bw, write-lat, send-lat, read-lat,
@@ -64,6 +69,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Sim(a) => sim::run(&a),
         Cmd::Dump(a) => dump::run(&a),
         Cmd::Devices(a) => devices::run(&a),
+        Cmd::Doctor(a) => doctor::run(&a),
         Cmd::Pingpong(a) => pingpong::run(&a),
         Cmd::Perf(a) => perf::run(&a),
         Cmd::Switch(a) => switch::run(&a),

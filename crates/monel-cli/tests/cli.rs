@@ -499,3 +499,75 @@ fn udp_bandwidth_baselines_run_contiguous_and_gathered() {
         assert!(sout.contains("udp-bw receiver:"), "{sout}");
     }
 }
+
+/// `monel doctor` with `env` set: its exit status and output.
+fn doctor(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_monel"))
+        .arg("doctor")
+        .args(args)
+        .env_remove("MONEL_IB_HCA")
+        .env_remove("NCCL_IB_HCA")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// On this host (no RDMA in the kernel) the doctor says so and that a job would run over
+/// the soft RNIC; over rxe's recorded port files it picks the RoCE v2 IPv4 GID, as NCCL
+/// would, or the one MONEL_IB_* settings ask for; a malformed setting fails it, naming the
+/// variable; `--json` gives every check its verdict.
+#[test]
+fn doctor_names_each_verdict_and_the_gid_it_would_pick() {
+    let (code, out) = doctor(&[], &[("MASTER_ADDR", "127.0.0.1")]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("a job would run here"), "{out}");
+    assert!(
+        out.contains("soft RNIC") && out.contains("monel_lo"),
+        "{out}"
+    );
+    assert!(
+        out.contains("ranks reach the rendezvous at 127.0.0.1:0 from 127.0.0.1 on lo"),
+        "{out}"
+    );
+    let rxe = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/rxe-sysfs");
+    let (code, out) = doctor(&["--sysfs", rxe], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(
+            "rxe0 port 1 (ACTIVE, LinkUp, Ethernet): GID 1 RoCE v2 10.77.0.2 on eth0, index 1: the first RoCE v2 IPv4 GID"
+        ),
+        "{out}"
+    );
+    let (_, out) = doctor(&["--sysfs", rxe], &[("NCCL_IB_ADDR_FAMILY", "AF_INET6")]);
+    assert!(
+        out.contains("GID 0 RoCE v2 fe80::5054:ff:fe4d:2 on eth0"),
+        "{out}"
+    );
+    assert!(
+        out.contains("NCCL_IB_ADDR_FAMILY=AF_INET6 read as MONEL_IB_ADDR_FAMILY"),
+        "{out}"
+    );
+    let (_, out) = doctor(&["--sysfs", rxe], &[("MONEL_IB_GID_INDEX", "5")]);
+    assert!(out.contains("rxe0 port 1 has no GID at index 5"), "{out}");
+    assert!(out.contains("1: RoCE v2 10.77.0.2"), "{out}");
+    let (code, out) = doctor(&["--sysfs", rxe], &[("MONEL_IB_HCA", "rxe0:0")]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("MONEL_IB_HCA") && out.contains("a job would not run"),
+        "{out}"
+    );
+    let (_, out) = doctor(&["--sysfs", rxe], &[("MONEL_IB_HCA", "^rxe")]);
+    assert!(
+        out.contains("rxe0 port 1: left out by MONEL_IB_HCA"),
+        "{out}"
+    );
+    let (code, out) = doctor(&["--sysfs", rxe, "--json"], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.trim_start().starts_with('[') && out.contains("\"verdict\": \"ok\""),
+        "{out}"
+    );
+}

@@ -28,6 +28,7 @@ mod error;
 mod event;
 #[doc(hidden)]
 pub mod greeter;
+pub mod hca;
 pub mod limits;
 mod mr;
 mod pd;
@@ -35,6 +36,7 @@ pub mod protect;
 mod provider;
 mod providers;
 mod qp;
+pub mod rdma_core;
 mod soft;
 mod srq;
 
