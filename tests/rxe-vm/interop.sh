@@ -3,7 +3,8 @@
 # a QEMU VM against `monel pingpong` on the host, both directions, path MTU 1024 and 4096,
 # message sizes 1 B to 64 KiB; then ibv_ud_pingpong against `monel pingpong --ud`, both
 # directions, 1 B to 4 KiB; every packet captured and every ICRC checked by `monel dump`;
-# then `monel doctor` carried into the VM, where it reads rxe0's GID table.
+# then ibv_srq_pingpong against `monel pingpong --srq`, both directions, 1 B to 64 KiB; then
+# `monel doctor` carried into the VM, where it reads rxe0's GID table.
 # Run as root (network namespace, tap). Exit 0 only if every run and every ICRC passed.
 #   interop.sh [MONEL_BINARY]
 set -euo pipefail
@@ -27,6 +28,7 @@ trap 'kill $tcpd 2>/dev/null || true; [ -n "${RXEVM_KEEP_NET:-}" ] || "$here/net
 sleep 1
 fail=0
 pp() { ip netns exec "$NS" timeout 120 "$monel" pingpong -d 10.77.0.1 -n "$iters" -c --counters --timeout 90 "$@"; }
+ppq() { ip netns exec "$NS" timeout 120 "$monel" pingpong -d 10.77.0.1 -c --counters --timeout 90 "$@"; }
 # One line per run: the rate, and the host's ICRC verdicts on rxe's packets (rxe numbers its
 # IP IDs, which a UDP socket cannot see; Monel solves for them, see docs/interop.md).
 summary() { echo "$(echo "$1" | grep usec/iter); $(echo "$1" | awk '/^(icrc_errors|icrc_ip_id_solved|rx_packets|tx_segmented|qp_retransmitted|qp_duplicate_requests) /{printf "%s=%s ", $1, $2}')"; }
@@ -84,6 +86,29 @@ for s in $udsizes; do
 done
 wait $vm || { echo "FAIL C: VM side"; fail=1; }
 grep -E "RUN|usec/iter" "$out/vm-c.txt" | grep -v "Couldn't" | paste - - | sed 's/^/  vm: /'
+
+echo "== E: shared receive queues, ibv_srq_pingpong (VM) <-> monel pingpong --srq (host), both ways"
+srqsizes=${RXEVM_SRQ_SIZES:-"1 4096 65536"}
+srqiters=$((iters * 10))
+vmcmd="for s in $srqsizes; do echo \"RUN srv s=\$s\"; ibv_srq_pingpong -d rxe0 -g \$RXE_GID_IDX -m 4096 -s \$s -n $srqiters || exit 1; done; for s in $srqsizes; do echo \"RUN cli s=\$s\"; n=0; until ibv_srq_pingpong -d rxe0 -g \$RXE_GID_IDX -m 4096 -s \$s -n $srqiters 10.77.0.1 > /tmp/o 2>&1; do cat /tmp/o; grep -q \"Couldn't connect\" /tmp/o || exit 1; n=\$((n+1)); [ \$n -lt 100 ] || exit 1; sleep 0.3; done; cat /tmp/o; done"
+"$here/run.sh" -M 9000 -T 600 -l "$out/vm-e.log" -c "$vmcmd" > "$out/vm-e.txt" 2>&1 &
+vm=$!
+for s in $srqsizes; do
+  if r=$(ppq --srq -m 4096 -s "$s" -n "$srqiters" 10.77.0.2 2>&1) && icrc_ok "$r"; then
+    echo "PASS E host-client srq s=$s: $(summary "$r")"
+  else
+    echo "FAIL E host-client srq s=$s: $r"; fail=1
+  fi
+done
+for s in $srqsizes; do
+  if r=$(ppq --srq -m 4096 -s "$s" -n "$srqiters" 2>&1) && icrc_ok "$r"; then
+    echo "PASS E host-server srq s=$s: $(summary "$r")"
+  else
+    echo "FAIL E host-server srq s=$s: $r"; fail=1
+  fi
+done
+wait $vm || { echo "FAIL E: VM side"; fail=1; }
+grep -E "RUN|usec/iter" "$out/vm-e.txt" | grep -v "Couldn't" | paste - - | sed 's/^/  vm: /'
 
 # Let tcpdump drain, then stop it.
 prev=-1; while [[ $(stat -c %s "$pcap") != "$prev" ]]; do prev=$(stat -c %s "$pcap"); sleep 1; done

@@ -1,9 +1,11 @@
-//! `monel pingpong`: rdma-core's `ibv_rc_pingpong`, same flags, same wire and exchange.
+//! `monel pingpong`: rdma-core's `ibv_rc_pingpong`, same flags, same wire and exchange
+//! (`--ud`: `ibv_ud_pingpong`; `--srq`: `ibv_srq_pingpong`).
 
 use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
 use std::time::Duration;
 
 use crate::tools::pingpong::{self, Options, Role};
+use crate::tools::srq_pingpong;
 use anyhow::{Context as _, bail};
 use clap::Args;
 use monel_verbs::{Context, ContextConfig, Device, Mtu, devices};
@@ -50,8 +52,14 @@ pub(crate) struct PingpongArgs {
     #[arg(long)]
     counters: bool,
     /// Unreliable datagrams: `ibv_ud_pingpong`'s QPs and exchange (size at most the port MTU).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "srq")]
     ud: bool,
+    /// Several RC QPs sharing one receive queue: `ibv_srq_pingpong`'s QPs and exchange.
+    #[arg(long)]
+    srq: bool,
+    /// QPs with `--srq` (`ibv_srq_pingpong -q`).
+    #[arg(short = 'q', long = "num-qp", default_value_t = 16, requires = "srq")]
+    num_qp: usize,
 }
 
 fn pick_device(name: Option<&str>) -> anyhow::Result<Device> {
@@ -114,7 +122,11 @@ pub(crate) fn run(a: &PingpongArgs) -> anyhow::Result<()> {
         timeout: Duration::from_secs(a.timeout),
         ud: a.ud,
     };
-    let r = pingpong::run(&ctx, &role, &o)?;
+    let r = if a.srq {
+        srq_pingpong::run(&ctx, &role, &o, a.num_qp)?
+    } else {
+        pingpong::run(&ctx, &role, &o)?
+    };
     println!("{}", r.lines());
     if a.counters {
         print!("{}", ctx.counters());

@@ -3,4 +3,5 @@
 
 pub(crate) mod perf;
 pub(crate) mod pingpong;
+pub(crate) mod srq_pingpong;
 pub(crate) mod transfer;

@@ -571,3 +571,31 @@ fn doctor_names_each_verdict_and_the_gid_it_would_pick() {
         "{out}"
     );
 }
+
+/// `monel pingpong --srq` between two processes: 16 QPs sharing one receive queue, every
+/// message checked, as `ibv_srq_pingpong` runs (which the VM harness meets both ways).
+#[test]
+fn srq_pingpong_between_two_processes_checks_data() {
+    let common = [
+        "pingpong",
+        "--srq",
+        "-q",
+        "8",
+        "-p",
+        "18812",
+        "--udp-port",
+        "24812",
+        "-n",
+        "400",
+        "-s",
+        "3000",
+        "-c",
+    ];
+    let srv = spawn(&[&common[..], &["-d", "127.0.1.4"]].concat());
+    let (code, out) = monel(&[&common[..], &["-d", "127.0.1.5", "127.0.1.4"]].concat());
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("2400000 bytes in"), "{out}");
+    assert!(out.contains("400 iters in"), "{out}");
+    let (code, sout) = finish(srv);
+    assert_eq!(code, 0, "{sout}");
+}

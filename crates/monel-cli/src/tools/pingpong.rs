@@ -22,7 +22,7 @@ use monel_verbs::{ErrorKind, Result, VerbsError};
 pub(crate) const DEFAULT_PORT: u16 = 18515;
 /// Bytes of one exchange message, NUL included.
 pub(crate) const MSG_LEN: usize = 52;
-const DONE: &[u8; 5] = b"done\0";
+pub(crate) const DONE: &[u8; 5] = b"done\0";
 
 /// What one side tells the other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,11 +166,11 @@ pub(crate) enum Role {
     },
 }
 
-fn io(e: std::io::Error) -> VerbsError {
+pub(crate) fn io(e: std::io::Error) -> VerbsError {
     VerbsError::io("pingpong exchange", e)
 }
 
-fn read_exact_once(s: &mut TcpStream, n: usize) -> Result<Vec<u8>> {
+pub(crate) fn read_exact_once(s: &mut TcpStream, n: usize) -> Result<Vec<u8>> {
     let mut buf = vec![0u8; n];
     s.read_exact(&mut buf).map_err(io)?;
     Ok(buf)

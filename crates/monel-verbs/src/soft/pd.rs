@@ -112,7 +112,10 @@ impl PdOps for SoftPd {
                 limits::MAX_INLINE_DATA,
             ),
         ] {
-            if v > max || (v == 0 && !name.starts_with("max_inline")) {
+            // With an SRQ the QP's own receive capacities are ignored, as libibverbs does.
+            let may_be_zero = name.starts_with("max_inline")
+                || (init.srq.is_some() && name.starts_with("max_recv"));
+            if v > max || (v == 0 && !may_be_zero) {
                 return Err(VerbsError::invalid(
                     V,
                     format!("cap.{name} = {v}, allowed 1..={max}"),
@@ -121,9 +124,9 @@ impl PdOps for SoftPd {
         }
         let caps = QpCaps {
             max_send_wr: c.max_send_wr,
-            max_recv_wr: c.max_recv_wr,
+            max_recv_wr: c.max_recv_wr.max(1),
             max_send_sge: c.max_send_sge,
-            max_recv_sge: c.max_recv_sge,
+            max_recv_sge: c.max_recv_sge.max(1),
             max_rd_atomic: limits::MAX_QP_RD_ATOM,
             ..QpCaps::default()
         };
