@@ -760,11 +760,22 @@ fn greet_peer(
     Ok((j, link_key(key, rank, j, &challenge, &nd)))
 }
 
-/// The dialer's side of a mesh connection to rank `j`: answers its challenge and checks
-/// its proof. Returns the link key.
-fn dial_peer(s: &mut TcpStream, key: &Key, rank: usize, j: usize) -> std::io::Result<Key> {
+/// The dialer's side of a mesh connection from `rank` to rank `j`: answers its challenge
+/// and checks its proof. Returns the link key.
+fn dial_peer(
+    s: &mut TcpStream,
+    key: &Key,
+    (rank, j): (usize, usize),
+    deadline: Instant,
+) -> std::io::Result<Key> {
     s.set_nodelay(true)?;
-    s.set_read_timeout(Some(HELLO_TIME))?;
+    // Rank j answers once it reaches its own mesh, which a loaded host may delay: wait as
+    // long as the whole set-up may take.
+    s.set_read_timeout(Some(
+        deadline
+            .saturating_duration_since(Instant::now())
+            .max(HELLO_TIME),
+    ))?;
     let mut m = [0u8; 20];
     s.read_exact(&mut m)?;
     if &m[..4] != MAGIC_HELLO {
@@ -846,7 +857,7 @@ pub(crate) fn mesh(
                             e,
                         )
                     })?;
-                let k = dial_peer(&mut s, key, rank, j).map_err(|e| {
+                let k = dial_peer(&mut s, key, (rank, j), deadline).map_err(|e| {
                     CclError::io(
                         format!("rank {rank}: hello to rank {j} at {}", peer.data),
                         e,
