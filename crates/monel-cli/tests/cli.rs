@@ -582,17 +582,17 @@ fn srq_pingpong_between_two_processes_checks_data() {
         "-q",
         "8",
         "-p",
-        "18812",
+        "18816",
         "--udp-port",
-        "24812",
+        "24816",
         "-n",
         "400",
         "-s",
         "3000",
         "-c",
     ];
-    let srv = spawn(&[&common[..], &["-d", "127.0.1.4"]].concat());
-    let (code, out) = monel(&[&common[..], &["-d", "127.0.1.5", "127.0.1.4"]].concat());
+    let srv = spawn(&[&common[..], &["-d", "127.0.1.24"]].concat());
+    let (code, out) = monel(&[&common[..], &["-d", "127.0.1.25", "127.0.1.24"]].concat());
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("2400000 bytes in"), "{out}");
     assert!(out.contains("400 iters in"), "{out}");

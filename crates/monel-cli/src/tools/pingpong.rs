@@ -181,6 +181,45 @@ const SEND_ID: u64 = 2;
 pub(crate) const UD_QKEY: QKey = QKey(0x1111_1111);
 const RECV_ID: u64 = 1;
 
+/// Connects to the exchange at `addr`, retrying until `timeout` (the server may start
+/// later); every read on the stream is bounded by `timeout` too.
+pub(crate) fn dial(addr: SocketAddr, timeout: Duration, verb: &'static str) -> Result<TcpStream> {
+    let deadline = Instant::now() + timeout;
+    let s = loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() >= deadline => {
+                return Err(VerbsError::new(
+                    verb,
+                    ErrorKind::Timeout(format!("connect to {addr}: {e}")),
+                ));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    };
+    s.set_read_timeout(Some(timeout)).map_err(io)?;
+    Ok(s)
+}
+
+/// Listens at `at` until a connection's first message passes `read`; returns it and what
+/// `read` made of it. Every connection is read on its own: a silent, slow or garbled one
+/// is dropped and logged, never the end of the server.
+pub(crate) fn serve_first<T: Send + 'static>(
+    at: SocketAddr,
+    read: impl Fn(&mut TcpStream) -> Result<T> + Send + Sync + 'static,
+    timeout: Duration,
+    what: &'static str,
+) -> Result<(TcpStream, T)> {
+    let l = TcpListener::bind(at).map_err(io)?;
+    let mut greeter = Greeter::new(l, read, timeout, what).map_err(io)?;
+    loop {
+        if let Some((s, _, t)) = greeter.next(Duration::from_secs(1)).map_err(io)? {
+            s.set_read_timeout(Some(timeout)).map_err(io)?;
+            return Ok((s, t));
+        }
+    }
+}
+
 /// Runs one rc_pingpong side on `ctx`.
 pub(crate) fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
     const V: &str = "pingpong";
@@ -265,21 +304,7 @@ pub(crate) fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
     };
     let is_client = match role {
         Role::Client { server } => {
-            let addr = SocketAddr::new(*server, o.port);
-            let deadline = Instant::now() + o.timeout;
-            let mut s = loop {
-                match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
-                    Ok(s) => break s,
-                    Err(e) if Instant::now() >= deadline => {
-                        return Err(VerbsError::new(
-                            V,
-                            ErrorKind::Timeout(format!("connect to {addr}: {e}")),
-                        ));
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(200)),
-                }
-            };
-            s.set_read_timeout(Some(o.timeout)).map_err(io)?;
+            let mut s = dial(SocketAddr::new(*server, o.port), o.timeout, V)?;
             s.write_all(&me.encode()).map_err(io)?;
             let peer = Dest::parse(&read_exact_once(&mut s, MSG_LEN)?)?;
             s.write_all(DONE).map_err(io)?;
@@ -287,22 +312,12 @@ pub(crate) fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
             true
         }
         Role::Server { bind } => {
-            let l = TcpListener::bind(SocketAddr::new(*bind, o.port)).map_err(io)?;
-            // Every connection is read on its own until one sends a valid destination: a
-            // silent, slow or garbled one is dropped and logged, never the end of the server.
-            let mut greeter = Greeter::new(
-                l,
+            let (mut s, peer) = serve_first(
+                SocketAddr::new(*bind, o.port),
                 |s: &mut TcpStream| Dest::parse(&read_exact_once(s, MSG_LEN)?),
                 o.timeout,
                 "pingpong",
-            )
-            .map_err(io)?;
-            let (mut s, peer) = loop {
-                if let Some((s, _, peer)) = greeter.next(Duration::from_secs(1)).map_err(io)? {
-                    break (s, peer);
-                }
-            };
-            s.set_read_timeout(Some(o.timeout)).map_err(io)?;
+            )?;
             // Like rdma-core: our QP is ready before the client learns where it is.
             connect(&peer)?;
             s.write_all(&me.encode()).map_err(io)?;

@@ -6,16 +6,17 @@
 //! there completed and a message from it arrived; `iters` counts messages over all QPs).
 
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::time::{Duration, Instant};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Instant;
 
-use monel_verbs::greeter::Greeter;
 use monel_verbs::{
     AccessFlags, ConnectParams, Context, ErrorKind, QpCap, QpInitAttr, QpType, QueuePair, RecvWr,
     RemoteQp, Result, SendFlags, SendOp, SendWr, SrqAttr, VerbsError, WcStatus, random_psn,
 };
 
-use super::pingpong::{DONE, Dest, MSG_LEN, Options, Report, Role, io, read_exact_once};
+use super::pingpong::{
+    DONE, Dest, MSG_LEN, Options, Report, Role, dial, io, read_exact_once, serve_first,
+};
 
 /// Records each side sends, whatever number of QPs it uses (rdma-core's `MAX_QP`).
 pub(crate) const MAX_QP: usize = 256;
@@ -135,21 +136,7 @@ pub(crate) fn run(ctx: &Context, role: &Role, o: &Options, num_qp: usize) -> Res
     };
     let is_client = match role {
         Role::Client { server } => {
-            let addr = SocketAddr::new(*server, o.port);
-            let deadline = Instant::now() + o.timeout;
-            let mut s = loop {
-                match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
-                    Ok(s) => break s,
-                    Err(e) if Instant::now() >= deadline => {
-                        return Err(VerbsError::new(
-                            V,
-                            ErrorKind::Timeout(format!("connect to {addr}: {e}")),
-                        ));
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(200)),
-                }
-            };
-            s.set_read_timeout(Some(o.timeout)).map_err(io)?;
+            let mut s = dial(SocketAddr::new(*server, o.port), o.timeout, V)?;
             s.write_all(&encode(&mine)).map_err(io)?;
             let peers = decode(&read_exact_once(&mut s, MAX_QP * MSG_LEN)?, num_qp)?;
             s.write_all(DONE).map_err(io)?;
@@ -157,22 +144,14 @@ pub(crate) fn run(ctx: &Context, role: &Role, o: &Options, num_qp: usize) -> Res
             true
         }
         Role::Server { bind } => {
-            let l = TcpListener::bind(SocketAddr::new(*bind, o.port)).map_err(io)?;
             // As rc_pingpong's server: every connection is read on its own until one sends
             // valid records.
-            let mut greeter = Greeter::new(
-                l,
+            let (mut s, peers) = serve_first(
+                SocketAddr::new(*bind, o.port),
                 move |s: &mut TcpStream| decode(&read_exact_once(s, MAX_QP * MSG_LEN)?, num_qp),
                 o.timeout,
                 "srq_pingpong",
-            )
-            .map_err(io)?;
-            let (mut s, peers) = loop {
-                if let Some((s, _, p)) = greeter.next(Duration::from_secs(1)).map_err(io)? {
-                    break (s, p);
-                }
-            };
-            s.set_read_timeout(Some(o.timeout)).map_err(io)?;
+            )?;
             connect(&peers)?;
             s.write_all(&encode(&mine)).map_err(io)?;
             if read_exact_once(&mut s, DONE.len())? != DONE {
