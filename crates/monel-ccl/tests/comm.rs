@@ -124,6 +124,12 @@ fn ranks_over<T: Send + 'static>(
                             (true, false) => "packets none",
                         };
                         assert!(p.contains(packets), "{mode:?}: {p}");
+                        assert!(
+                            p.contains(
+                                "provider soft, dev monel_lo_127.0.0.1 port 1, GID 0 (the address this rank reaches the rendezvous from)"
+                            ),
+                            "{mode:?}: {p}"
+                        );
                     }
                 }
                 f(&mut c)
@@ -427,6 +433,36 @@ fn bad_arguments_are_refused_locally_and_the_communicator_lives_on() {
             .unwrap();
         assert_eq!(b[0], 2);
     });
+}
+
+/// A GID setting the soft RNIC's device cannot meet keeps the pair off RDMA, with the reason
+/// naming the device and what its table holds; with TCP forbidden that is the job's error.
+#[test]
+fn an_impossible_gid_setting_is_refused_with_what_the_device_holds() {
+    let id = UniqueId::create("127.0.0.1:0".parse().unwrap()).unwrap();
+    let hs: Vec<_> = (0..2)
+        .map(|r| {
+            let id = id.clone();
+            std::thread::spawn(move || {
+                let mut cfg = CommConfig {
+                    timeout: Duration::from_secs(10),
+                    transports: Transports::parse("rdma").unwrap(),
+                    ..CommConfig::default()
+                };
+                cfg.rdma.gid.index = Some(5);
+                Communicator::init_rank(2, r, &id, cfg).err().unwrap()
+            })
+        })
+        .collect();
+    for h in hs {
+        let e = h.join().unwrap();
+        assert!(
+            e.message
+                .contains("monel_lo_127.0.0.1 port 1 has no GID at index 5"),
+            "{e}"
+        );
+        assert!(e.message.contains("0: RoCE v2 127.0.0.1"), "{e}");
+    }
 }
 
 #[test]

@@ -30,7 +30,7 @@ pub struct CommConfig {
     /// identity (`MONEL_HOST`: ranks naming different hosts never share memory).
     pub shm: ShmConfig,
     /// The soft RNIC for pairs on different hosts (`MONEL_RDMA_DEV`, `MONEL_RDMA_RING`,
-    /// `MONEL_RDMA_GSO`, `MONEL_RDMA_AUTH`).
+    /// `MONEL_RDMA_GSO`, `MONEL_RDMA_AUTH`, and the GID choice: `MONEL_IB_GID_INDEX`, ...).
     pub rdma: RdmaConfig,
     /// Congestion controls TCP links ask for, first accepted wins; empty keeps the
     /// system's (`MONEL_TCP_CONGESTION`: a comma list, or `system`; default `cubic,reno`).
@@ -209,6 +209,12 @@ impl CommConfig {
                 }
             };
         }
+        let (gid, aliases) =
+            monel_verbs::hca::GidPolicy::from_vars(env).map_err(CclError::invalid)?;
+        for a in aliases {
+            tracing::info!(target: "monel::init", "{a}");
+        }
+        c.rdma.gid = gid;
         if let Some(v) = env("MONEL_RDMA_AUTH") {
             c.rdma.auth = monel_verbs::protect::PacketAuth::parse(&v).ok_or_else(|| {
                 CclError::invalid(format!("MONEL_RDMA_AUTH={v:?}: want none, mac or encrypt"))
@@ -295,5 +301,14 @@ mod tests {
             let e = with(&[(k, v)]).unwrap_err().to_string();
             assert!(e.contains(k), "{e}");
         }
+    }
+
+    #[test]
+    fn gid_settings_and_their_nccl_aliases_reach_the_rdma_config() {
+        let c = CommConfig::from_vars(&|k| (k == "NCCL_IB_GID_INDEX").then(|| "3".into())).unwrap();
+        assert_eq!(c.rdma.gid.index, Some(3));
+        let e = CommConfig::from_vars(&|k| (k == "MONEL_IB_ADDR_FAMILY").then(|| "x".into()))
+            .unwrap_err();
+        assert!(e.message.contains("MONEL_IB_ADDR_FAMILY"), "{e}");
     }
 }

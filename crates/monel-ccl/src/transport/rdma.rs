@@ -29,6 +29,7 @@ use super::handshake::{Channel, bound_reads, first_text};
 use super::{Link, Setup};
 use monel_copy::copy;
 use monel_sched::tune::TransportKind;
+use monel_verbs::hca::{GidKind, GidPolicy, GidSlot, choose_gid};
 use monel_verbs::protect::{PacketAuth, Protection};
 
 /// Soft-RNIC transport settings.
@@ -47,6 +48,10 @@ pub struct RdmaConfig {
     /// A pair uses the stronger of its two ranks' settings, with keys derived from the
     /// pair's authenticated link.
     pub auth: PacketAuth,
+    /// Which GID the device's port uses (`MONEL_IB_GID_INDEX`, `MONEL_IB_ROCE_VERSION_NUM`,
+    /// `MONEL_IB_ADDR_FAMILY`, `MONEL_IB_ADDR_RANGE`, or their `NCCL_IB_*` aliases; default:
+    /// the first IPv4 GID, else the first).
+    pub gid: GidPolicy,
 }
 
 impl Default for RdmaConfig {
@@ -57,6 +62,7 @@ impl Default for RdmaConfig {
             ring: 2 << 20,
             gso: true,
             auth: PacketAuth::Mac,
+            gid: GidPolicy::default(),
         }
     }
 }
@@ -83,6 +89,8 @@ pub(crate) struct Nic {
     gid: Gid,
     port: u16,
     mtu: Mtu,
+    /// Why this GID.
+    why: String,
 }
 
 impl Nic {
@@ -94,10 +102,32 @@ impl Nic {
             None => Device::bind(local_ip),
         }
         .map_err(|e| e.to_string())?;
-        let sgid_index = dev
-            .ipv4_gid_index()
-            .filter(|_| local_ip.is_ipv4() || cfg.device.is_some())
-            .unwrap_or(0);
+        let (sgid_index, why) = if cfg.gid == GidPolicy::default() {
+            let i = dev
+                .ipv4_gid_index()
+                .filter(|_| local_ip.is_ipv4() || cfg.device.is_some())
+                .unwrap_or(0);
+            let why = if cfg.device.is_some() {
+                "the first IPv4 GID of MONEL_RDMA_DEV"
+            } else {
+                "the address this rank reaches the rendezvous from"
+            };
+            (i, why.to_string())
+        } else {
+            // The soft RNIC's GIDs are all RoCE v2, one per address.
+            let table: Vec<GidSlot> = (0..dev.gids.len())
+                .map(|i| GidSlot {
+                    index: i as u16,
+                    gid: dev.gids[i].gid,
+                    kind: GidKind::RoceV2,
+                })
+                .collect();
+            let (g, why) = choose_gid(&dev.name, 1, &table, &cfg.gid)?;
+            (
+                u8::try_from(g.index).map_err(|_| format!("GID index {} above 255", g.index))?,
+                why,
+            )
+        };
         let gid = dev.gid(sgid_index).map_err(|e| e.to_string())?.gid;
         let mtu = dev.port_attr().active_mtu;
         let ctx = Context::open(
@@ -121,14 +151,17 @@ impl Nic {
             gid,
             port,
             mtu,
+            why,
         })
     }
 
-    /// For logs: `dev NAME gid G udp P`.
+    /// For logs: `provider soft, dev NAME port 1, GID i (why) G, udp P`.
     pub(crate) fn describe(&self) -> String {
         format!(
-            "dev {} gid {} udp {}",
+            "provider soft, dev {} port 1, GID {} ({}) {}, udp {}",
             self.ctx.device().name,
+            self.sgid_index,
+            self.why,
             gid_text(self.gid),
             self.port
         )
