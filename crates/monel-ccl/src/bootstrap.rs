@@ -131,18 +131,13 @@ impl FromStr for UniqueId {
 /// `MONEL_SECRET`; `None` when neither is set. An empty or unreadable one is an error.
 pub(crate) fn secret_from(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Key>> {
     let bytes = if let Some(p) = env("MONEL_SECRET_FILE").filter(|p| !p.is_empty()) {
-        let mut b = std::fs::read(&p).map_err(|e| {
-            CclError::invalid(format!("MONEL_SECRET_FILE={p:?}: cannot read it ({e})"))
-        })?;
-        while b.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
-            b.pop();
-        }
-        if b.is_empty() {
-            return Err(CclError::invalid(format!(
-                "MONEL_SECRET_FILE={p:?} is empty"
-            )));
-        }
-        b
+        monel_verbs::auth::secret_from_file(p.as_ref()).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::InvalidData {
+                CclError::invalid(format!("MONEL_SECRET_FILE={p:?} is empty"))
+            } else {
+                CclError::invalid(format!("MONEL_SECRET_FILE={p:?}: cannot read it ({e})"))
+            }
+        })?
     } else if let Some(v) = env("MONEL_SECRET") {
         if v.is_empty() {
             return Err(CclError::invalid("MONEL_SECRET is set but empty"));

@@ -176,14 +176,8 @@ fn parse_auth(s: &str) -> Result<PacketAuth, String> {
 /// `MONEL_SECRET`, else none.
 fn secret(a: &ConnArgs) -> anyhow::Result<Option<Vec<u8>>> {
     let s = match &a.secret_file {
-        Some(p) => {
-            let mut b =
-                std::fs::read(p).with_context(|| format!("--secret-file {}", p.display()))?;
-            while b.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
-                b.pop();
-            }
-            b
-        }
+        Some(p) => monel_verbs::auth::secret_from_file(p)
+            .with_context(|| format!("--secret-file {}", p.display()))?,
         None => match std::env::var_os("MONEL_SECRET") {
             Some(v) => v.into_encoded_bytes(),
             None => return Ok(None),

@@ -1,7 +1,6 @@
 //! `monel doctor`: a pre-flight check before a job. Each check ends in a verdict in words
 //! and, where something is wrong, the fix; the exit status says whether a job would run.
 
-use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::path::Path;
 
 use clap::Args;
@@ -343,15 +342,7 @@ fn bootstrap(out: &mut Vec<Check>) {
         ));
         return;
     };
-    // A connected UDP socket sends nothing; it only asks the kernel for the route.
-    let local: Option<IpAddr> = UdpSocket::bind(match addr {
-        SocketAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
-        SocketAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
-    })
-    .and_then(|u| u.connect(addr).and_then(|()| u.local_addr()))
-    .map(|a| a.ip())
-    .ok();
-    match local {
+    match monel_verbs::route_source(addr).ok() {
         Some(ip) => {
             let ifname = monel_verbs::devices()
                 .ok()

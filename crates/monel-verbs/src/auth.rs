@@ -67,6 +67,22 @@ impl Key {
     }
 }
 
+/// A shared secret kept in a file: its bytes, a trailing newline ignored. An empty one is an
+/// error (`InvalidData`), so that a blank file never stands for a secret.
+pub fn secret_from_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    let mut b = std::fs::read(path)?;
+    while b.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
+        b.pop();
+    }
+    if b.is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "the file is empty",
+        ));
+    }
+    Ok(b)
+}
+
 /// A fresh nonce from the OS random generator.
 pub fn nonce() -> Nonce {
     let mut n = [0u8; 16];

@@ -289,7 +289,18 @@ fn protect_qp(
     Ok(mode)
 }
 
-fn bring_up(qp: &QueuePair, cfg: &CmConfig, p: &Params, mtu: Mtu, psn: Psn) -> Result<RemoteQp> {
+/// Brings `qp` up towards the peer that sent `p`: protected as both sides asked (keys from
+/// the nonces), then to RTS at the smaller of the two MTUs. Returns the peer's QP, the
+/// MTU and the protection.
+fn bring_up(
+    qp: &QueuePair,
+    cfg: &CmConfig,
+    p: &Params,
+    psn: Psn,
+    nonces: (&[u8], &[u8]),
+) -> Result<(RemoteQp, Mtu, PacketAuth)> {
+    let auth = protect_qp(qp, cfg, p, nonces)?;
+    let mtu = mtu_of(p.mtu.min(mtu_code(cfg.mtu)));
     let remote = RemoteQp {
         qpn: Qpn::new(p.qpn),
         psn: Psn::new(p.psn),
@@ -303,7 +314,7 @@ fn bring_up(qp: &QueuePair, cfg: &CmConfig, p: &Params, mtu: Mtu, psn: Psn) -> R
         ..cfg.params
     };
     qp.connect(&remote, &params)?;
-    Ok(remote)
+    Ok((remote, mtu, auth))
 }
 
 /// A listening connection manager.
@@ -447,11 +458,9 @@ fn finish(
     let body = &req[..8 + PARAMS_LEN + 16];
     let nc = &req[8 + PARAMS_LEN..8 + PARAMS_LEN + 16];
     let theirs = Params::get(&req[8..])?;
-    let mtu = mtu_of(theirs.mtu.min(mtu_code(cfg.mtu)));
     let gid = qp_gid(qp, cfg)?;
     let psn = random_psn();
-    let auth = protect_qp(qp, cfg, &theirs, (&ns, nc))?;
-    let remote = bring_up(qp, cfg, &theirs, mtu, psn)?;
+    let (remote, mtu, auth) = bring_up(qp, cfg, &theirs, psn, (&ns, nc))?;
     let mut rep = REP.to_vec();
     rep.push(0);
     local_params(qp, cfg, buf, gid, psn)?.put(&mut rep);
@@ -534,9 +543,7 @@ pub fn connect(
         "server",
     )?;
     let theirs = Params::get(&rep[9..])?;
-    let mtu = mtu_of(theirs.mtu.min(mtu_code(cfg.mtu)));
-    let auth = protect_qp(qp, cfg, &theirs, (&ns, &nc))?;
-    let remote = bring_up(qp, cfg, &theirs, mtu, psn)?;
+    let (remote, mtu, auth) = bring_up(qp, cfg, &theirs, psn, (&ns, &nc))?;
     let mut rdy = RDY.to_vec();
     rdy.extend_from_slice(&mac(secret, &[b"ready", &ns, &nc]));
     send(&mut s, &rdy)?;

@@ -178,6 +178,18 @@ pub fn devices() -> Result<Vec<Device>> {
         .collect())
 }
 
+/// The local address the kernel would send from towards `to` (the route's source). A
+/// connected UDP socket asks the kernel for the route and sends nothing.
+pub fn route_source(to: std::net::SocketAddr) -> std::io::Result<IpAddr> {
+    let any = match to {
+        std::net::SocketAddr::V4(_) => std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+        std::net::SocketAddr::V6(_) => std::net::SocketAddr::from(([0u16; 8], 0)),
+    };
+    let u = std::net::UdpSocket::bind(any)?;
+    u.connect(to)?;
+    Ok(u.local_addr()?.ip())
+}
+
 /// True for IPv6 link-local addresses (fe80::/10), which need a scope when bound or sent to.
 pub(crate) fn is_link_local(ip: &IpAddr) -> bool {
     matches!(ip, IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80)

@@ -14,6 +14,7 @@ use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 
 /// Connections whose first message is still being read, at most; more are closed at once.
 pub const MAX_PENDING: usize = 64;
@@ -32,6 +33,8 @@ pub struct Greeter<T, E> {
     pending: Arc<AtomicUsize>,
     tx: Sender<Greeting<T, E>>,
     rx: Receiver<Greeting<T, E>>,
+    /// Rung by a reader once its greeting is in `rx`, so `next` sleeps until then.
+    bell: Arc<EventFd>,
     dropped: usize,
     /// Where the log lines say they come from.
     what: &'static str,
@@ -48,6 +51,7 @@ impl<T: Send + 'static, E: Display + Send + 'static> Greeter<T, E> {
     ) -> io::Result<Self> {
         listener.set_nonblocking(true)?;
         let (tx, rx) = mpsc::channel();
+        let bell = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
         Ok(Self {
             listener,
             read: Arc::new(read),
@@ -55,14 +59,15 @@ impl<T: Send + 'static, E: Display + Send + 'static> Greeter<T, E> {
             pending: Arc::new(AtomicUsize::new(0)),
             tx,
             rx,
+            bell: Arc::new(bell),
             dropped: 0,
             what,
         })
     }
 
     /// The next connection whose first message was read, waiting for at most `wait`
-    /// (asleep on the listener between looks). Connections whose first message failed are
-    /// dropped here, with a log line.
+    /// (asleep on the listener and on the readers' bell between looks). Connections whose
+    /// first message failed are dropped here, with a log line.
     pub fn next(&mut self, wait: Duration) -> io::Result<Option<(TcpStream, SocketAddr, T)>> {
         let end = Instant::now() + wait;
         loop {
@@ -81,6 +86,8 @@ impl<T: Send + 'static, E: Display + Send + 'static> Greeter<T, E> {
                     Err(e) => return Err(e),
                 }
             }
+            // Drain the bell before looking, so a ring after the look wakes the next sleep.
+            let _ = self.bell.read();
             loop {
                 match self.rx.try_recv() {
                     Ok((s, peer, Ok(t))) => return Ok(Some((s, peer, t))),
@@ -92,11 +99,11 @@ impl<T: Send + 'static, E: Display + Send + 'static> Greeter<T, E> {
             if now >= end {
                 return Ok(None);
             }
-            // Asleep until a connection arrives; a greeting read meanwhile is seen within
-            // a few milliseconds.
-            let nap = (end - now).min(Duration::from_millis(5));
-            let mut fds = [PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
-            let ms = u16::try_from(nap.as_millis().max(1)).unwrap_or(u16::MAX);
+            let ms = u16::try_from((end - now).as_millis().max(1)).unwrap_or(u16::MAX);
+            let mut fds = [
+                PollFd::new(self.listener.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.bell.as_fd(), PollFlags::POLLIN),
+            ];
             let _ = poll(&mut fds, PollTimeout::from(ms));
         }
     }
@@ -131,6 +138,7 @@ impl<T: Send + 'static, E: Display + Send + 'static> Greeter<T, E> {
         }
         self.pending.fetch_add(1, Ordering::AcqRel);
         let (tx, pending, read) = (self.tx.clone(), self.pending.clone(), self.read.clone());
+        let bell = self.bell.clone();
         let spawned = std::thread::Builder::new()
             .name("monel-greet".into())
             .spawn(move || {
@@ -138,6 +146,7 @@ impl<T: Send + 'static, E: Display + Send + 'static> Greeter<T, E> {
                 let r = read(&mut s);
                 pending.fetch_sub(1, Ordering::AcqRel);
                 let _ = tx.send((s, peer, r));
+                let _ = bell.write(1);
             });
         if let Err(e) = spawned {
             self.pending.fetch_sub(1, Ordering::AcqRel);

@@ -46,7 +46,7 @@ pub use config::ContextConfig;
 pub use context::Context;
 pub use counters::DeviceCounters;
 pub use cq::CompletionQueue;
-pub use device::{Device, Gid, GidEntry, PortAttr, PortState, devices};
+pub use device::{Device, Gid, GidEntry, PortAttr, PortState, devices, route_source};
 pub use error::{ErrorKind, Result, VerbsError};
 pub use event::AsyncEvent;
 pub use monel_rc::{

@@ -2,7 +2,7 @@
 //! and how the ranks on this host share its cores.
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -51,17 +51,12 @@ impl Communicator {
             )));
         }
         let deadline = Instant::now() + cfg.timeout;
-        // Listen on the local address the root is reached from: the route's source, looked
-        // up by connecting a UDP socket (which sends nothing, so the root sees no stray
-        // connection). Retry until the deadline while there is no route yet.
+        // Listen on the local address the root is reached from: the route's source (a
+        // lookup that sends nothing, so the root sees no stray connection). Retry until the
+        // deadline while there is no route yet.
         let local_ip = loop {
-            let route = UdpSocket::bind(match id.root {
-                SocketAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
-                SocketAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
-            })
-            .and_then(|u| u.connect(id.root).and_then(|()| u.local_addr()));
-            match route {
-                Ok(a) => break a.ip(),
+            match monel_verbs::route_source(id.root) {
+                Ok(ip) => break ip,
                 Err(e) if Instant::now() >= deadline => {
                     return Err(CclError::io(
                         format!("rank {rank}: no route to the rendezvous at {}", id.root),

@@ -510,9 +510,10 @@ fn deliver(
                     }
                 }
             }
-            let before = q.stats();
+            // Until the peer's port is pinned, see whether the engine takes this packet.
+            let before = slot.src_port.is_none().then(|| q.stats());
             q.handle_packet(t, bytes, ce, &mut mem);
-            if slot.src_port.is_none() && accepted(&before, &q.stats()) {
+            if before.is_some_and(|b| accepted(&b, &q.stats())) {
                 slot.src_port = Some(m.src.port());
             }
         }
