@@ -1,12 +1,13 @@
-//! `monel devices`: like `ibv_devinfo -v`, for Monel's soft devices.
+//! `monel devices`: like `ibv_devinfo -v`, for the kernel's RDMA devices (through
+//! rdma-core) and Monel's soft devices.
 
 use clap::Args;
-use monel_verbs::{Device, devices};
+use monel_verbs::{Device, Provider, devices};
 
 /// Arguments of `monel devices`.
 #[derive(Debug, Args)]
 pub(crate) struct DevicesArgs {
-    /// Only this device (`monel_eth0` or `eth0`).
+    /// Only this device (`rxe0`, `mlx5_0:2`, `monel_eth0` or `eth0`).
     #[arg(short = 'd', long = "ib-dev")]
     device: Option<String>,
 }
@@ -14,15 +15,23 @@ pub(crate) struct DevicesArgs {
 fn print(d: &Device) {
     let p = d.port_attr();
     println!("hca_id:\t{}", d.name);
-    println!("\ttransport:\t\tRoCEv2 over UDP (Monel soft RNIC)");
+    let port = match d.provider {
+        Provider::Soft => {
+            println!("\ttransport:\t\tRoCEv2 over UDP (Monel soft RNIC)");
+            1
+        }
+        Provider::RdmaCore { port, .. } => {
+            println!("\ttransport:\t\tInfiniBand verbs (rdma-core libibverbs)");
+            port
+        }
+    };
     println!("\tnetdev:\t\t\t{}", d.ifname);
     let g = d.node_guid.to_be_bytes();
     println!(
         "\tnode_guid:\t\t{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}",
         g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
     );
-    println!("\tphys_port_cnt:\t\t1");
-    println!("\t\tport:\t1");
+    println!("\t\tport:\t{port}");
     println!("\t\t\tstate:\t\t\t{:?} ({})", p.state, p.state as u32);
     println!(
         "\t\t\tmax_mtu:\t\t{} ({})",
@@ -35,11 +44,13 @@ fn print(d: &Device) {
         p.active_mtu as u32
     );
     println!("\t\t\tlink_layer:\t\tEthernet (IP MTU {})", p.link_mtu);
-    for (i, e) in d.gids.iter().enumerate() {
+    for s in d.gid_slots() {
         println!(
-            "\t\t\tGID[{i:3}]:\t\t{}, RoCE v2 ({})",
-            e.gid,
-            e.gid.to_ip()
+            "\t\t\tGID[{:3}]:\t\t{}, {} ({})",
+            s.index,
+            s.gid,
+            s.kind,
+            s.gid.to_ip()
         );
     }
 }

@@ -62,8 +62,11 @@ pub(crate) struct PingpongArgs {
     num_qp: usize,
 }
 
-fn pick_device(name: Option<&str>) -> anyhow::Result<Device> {
+fn pick_device(name: Option<&str>, port: u8) -> anyhow::Result<Device> {
     if let Some(n) = name {
+        if port != 1 && !n.contains(':') {
+            return Ok(Device::by_name(&format!("{n}:{port}"))?);
+        }
         return Ok(Device::from_arg(n)?);
     }
     devices()?
@@ -73,14 +76,14 @@ fn pick_device(name: Option<&str>) -> anyhow::Result<Device> {
 }
 
 pub(crate) fn run(a: &PingpongArgs) -> anyhow::Result<()> {
-    if a.ib_port != 1 {
+    let mtu = Mtu::from_bytes(a.mtu).with_context(|| format!("-m {}: not an IB MTU", a.mtu))?;
+    let dev = pick_device(a.device.as_deref(), a.ib_port)?;
+    if !dev.is_rdma_core() && a.ib_port != 1 {
         bail!(
             "ib port {} does not exist (soft devices have port 1)",
             a.ib_port
         );
     }
-    let mtu = Mtu::from_bytes(a.mtu).with_context(|| format!("-m {}: not an IB MTU", a.mtu))?;
-    let dev = pick_device(a.device.as_deref())?;
     let gid_index = match a.gid_index {
         Some(g) => g,
         None => dev

@@ -75,8 +75,6 @@ pub(crate) fn run(a: &TransferArgs) -> anyhow::Result<()> {
             ..TransferOptions::default()
         };
         let r = transfer::write_client(&s.qp, &s.cq, mr, remote, &mut s.conn, &o)?;
-        let st = s.qp.stats()?;
-        let cc = s.qp.congestion()?;
         println!(
             "transfer to {server}: {} B in {} WRITEs of {chunk} B, {:.3} s, goodput {:.2} Gb/s, CRC-32 {:08x} verified by the server",
             r.bytes,
@@ -85,6 +83,11 @@ pub(crate) fn run(a: &TransferArgs) -> anyhow::Result<()> {
             r.gbps(),
             r.crc
         );
+        // A hardware NIC keeps its recovery and congestion state to itself.
+        let (Ok(st), Ok(cc)) = (s.qp.stats(), s.qp.congestion()) else {
+            println!("recovery: counted by {} (monel devices)", s.dev.name);
+            return Ok(());
+        };
         println!(
             "recovery: {} packets sent, {} retransmitted, {} timeouts, {} sequence NAKs received, {} duplicate responses",
             st.tx_packets,
@@ -105,11 +108,14 @@ pub(crate) fn run(a: &TransferArgs) -> anyhow::Result<()> {
         }
     } else {
         let crc = transfer::write_server(mr, &mut s.conn)?;
-        let st = s.qp.stats()?;
         println!(
             "transfer from {}: {size} B received, CRC-32 {crc:08x} matches the client's",
             s.conn.remote.gid.to_ip()
         );
+        let Ok(st) = s.qp.stats() else {
+            println!("responder: counted by {} (monel devices)", s.dev.name);
+            return Ok(());
+        };
         println!(
             "responder: {} packets accepted, {} out of sequence, {} duplicates, {} sequence NAKs and {} CNPs sent; device ecn_ce {}",
             st.rx_packets,

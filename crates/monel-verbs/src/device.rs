@@ -9,6 +9,7 @@ use monel_rc::Mtu;
 use monel_wire::IpAddress;
 
 use crate::error::{ErrorKind, Result, VerbsError};
+use crate::hca::{GidKind, GidSlot};
 
 /// A 16-byte GID.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -71,6 +72,8 @@ pub struct GidEntry {
     pub gid: Gid,
     /// Interface index (scope of link-local IPv6 addresses).
     pub ifindex: u32,
+    /// Its kind (soft devices: always RoCE v2).
+    pub kind: GidKind,
 }
 
 /// Port state (`ibv_port_state`).
@@ -98,14 +101,35 @@ pub struct PortAttr {
     pub gid_tbl_len: u32,
 }
 
-/// A soft RoCE device: an IP interface (or one address of it) driven by Monel.
+/// Which provider drives a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provider {
+    /// Monel's soft RNIC: RoCEv2 datagrams on the interface's UDP sockets.
+    Soft,
+    /// One port of a kernel RDMA device, through rdma-core's libibverbs (a hardware NIC, or
+    /// Linux rxe).
+    RdmaCore {
+        /// The port (from 1).
+        port: u8,
+        /// Its largest MTU.
+        max_mtu: Mtu,
+        /// The MTU it uses now.
+        active_mtu: Mtu,
+    },
+}
+
+/// An RDMA device: a soft one on an IP interface (or one address of it), driven by Monel,
+/// or one port of a kernel RDMA device ([`Provider::RdmaCore`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Device {
-    /// Device name (`monel_<interface>`).
+    /// Device name (`monel_<interface>` for soft devices; the kernel's, `mlx5_0` or `rxe0`,
+    /// for rdma-core ones, with `:port` after it for ports other than 1).
     pub name: String,
-    /// The interface it sits on.
+    /// Which provider drives it.
+    pub provider: Provider,
+    /// The interface it sits on (for rdma-core devices: the network device of its GIDs).
     pub ifname: String,
-    /// GID table.
+    /// GID table (for rdma-core devices, by index: unused entries are zero).
     pub gids: Vec<GidEntry>,
     /// Interface MTU.
     pub link_mtu: u32,
@@ -153,8 +177,17 @@ fn guid_from(ifname: &str, first: Option<IpAddr>) -> u64 {
     }
 }
 
-/// Lists one device per IP interface that has addresses (`ibv_get_device_list`).
+/// Lists the devices (`ibv_get_device_list`): each port of the kernel's RDMA devices that
+/// libibverbs can open (none where rdma-core or kernel RDMA is missing), then one soft
+/// device per IP interface that has addresses.
 pub fn devices() -> Result<Vec<Device>> {
+    let mut all = crate::rdma_core::device::list().unwrap_or_default();
+    all.extend(soft_devices()?);
+    Ok(all)
+}
+
+/// One soft device per IP interface that has addresses.
+pub fn soft_devices() -> Result<Vec<Device>> {
     let addrs = nix::ifaddrs::getifaddrs().map_err(|e| VerbsError::io("ibv_get_device_list", e))?;
     let mut by_if: Vec<(String, Vec<(IpAddr, u32)>)> = Vec::new();
     for a in addrs {
@@ -208,6 +241,7 @@ fn build(ifname: &str, mut ips: Vec<(IpAddr, u32)>) -> Device {
     let up = sysfs(ifname, "operstate").is_none_or(|s| s != "down");
     Device {
         name: format!("monel_{ifname}"),
+        provider: Provider::Soft,
         ifname: ifname.to_string(),
         node_guid: guid_from(ifname, ips.first().map(|x| x.0)),
         gids: ips
@@ -215,6 +249,7 @@ fn build(ifname: &str, mut ips: Vec<(IpAddr, u32)>) -> Device {
             .map(|(ip, ifindex)| GidEntry {
                 gid: Gid::from_ip(ip),
                 ifindex,
+                kind: GidKind::RoceV2,
             })
             .collect(),
         link_mtu,
@@ -227,7 +262,7 @@ impl Device {
     /// interface holding the address supplies the MTU; an address on no interface (any of
     /// 127.0.0.0/8 counts as `lo`) is refused.
     pub fn bind(ip: IpAddr) -> Result<Self> {
-        let all = devices()?;
+        let all = soft_devices()?;
         let on_if = all
             .iter()
             .find(|d| d.gids.iter().any(|g| g.gid.to_ip() == ip));
@@ -256,26 +291,48 @@ impl Device {
         }
     }
 
-    /// Finds a device by name (`monel_lo`) or interface name (`lo`).
+    /// Finds a device by name (`rxe0`, `mlx5_0:2`, `monel_lo`), or the soft device of an
+    /// interface (`lo`).
     pub fn by_name(name: &str) -> Result<Self> {
-        devices()?
-            .into_iter()
-            .find(|d| d.name == name || d.ifname == name)
+        let all = devices()?;
+        if let Some(d) = all.iter().find(|d| d.name == name) {
+            return Ok(d.clone());
+        }
+        let known: Vec<&str> = all.iter().map(|d| d.name.as_str()).collect();
+        all.iter()
+            .find(|d| d.provider == Provider::Soft && d.ifname == name)
+            .cloned()
             .ok_or_else(|| {
-                VerbsError::new("ibv_get_device_list", ErrorKind::NotFound(name.to_string()))
+                VerbsError::new(
+                    "ibv_get_device_list",
+                    ErrorKind::NotFound(format!("{name} (devices: {})", known.join(", "))),
+                )
             })
     }
 
-    /// Port 1's attributes (`ibv_query_port`).
+    /// True for a kernel RDMA device driven through rdma-core.
+    pub fn is_rdma_core(&self) -> bool {
+        matches!(self.provider, Provider::RdmaCore { .. })
+    }
+
+    /// The port's attributes (`ibv_query_port`), as of listing.
     pub fn port_attr(&self) -> PortAttr {
+        let (max_mtu, active_mtu) = match self.provider {
+            Provider::Soft => (Mtu::Mtu4096, active_mtu_for(self.link_mtu)),
+            Provider::RdmaCore {
+                max_mtu,
+                active_mtu,
+                ..
+            } => (max_mtu, active_mtu),
+        };
         PortAttr {
             state: if self.up {
                 PortState::Active
             } else {
                 PortState::Down
             },
-            max_mtu: Mtu::Mtu4096,
-            active_mtu: active_mtu_for(self.link_mtu),
+            max_mtu,
+            active_mtu,
             link_mtu: self.link_mtu,
             gid_tbl_len: self.gids.len() as u32,
         }
@@ -291,12 +348,26 @@ impl Device {
         })
     }
 
-    /// Index of the first IPv4-mapped GID, which rdma-core tools use with `-g`.
+    /// Index of the first IPv4-mapped RoCE v2 GID, which rdma-core tools use with `-g`.
     pub fn ipv4_gid_index(&self) -> Option<u8> {
         self.gids
             .iter()
-            .position(|g| g.gid.to_ip().is_ipv4())
-            .map(|i| i as u8)
+            .position(|g| g.kind == GidKind::RoceV2 && g.gid.is_global() && g.gid.to_ip().is_ipv4())
+            .and_then(|i| u8::try_from(i).ok())
+    }
+
+    /// The filled GID entries with their kinds, as [`crate::hca::choose_gid`] takes them.
+    pub fn gid_slots(&self) -> Vec<GidSlot> {
+        self.gids
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| g.gid.0 != [0; 16])
+            .map(|(i, g)| GidSlot {
+                index: i as u16,
+                gid: g.gid,
+                kind: g.kind,
+            })
+            .collect()
     }
 }
 

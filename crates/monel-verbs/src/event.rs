@@ -17,4 +17,20 @@ pub enum AsyncEvent {
     /// An SRQ fell below its armed limit (`IBV_EVENT_SRQ_LIMIT_REACHED`); the limit is now
     /// disarmed.
     SrqLimitReached(u32),
+    /// A QP's peer sent a request it could not carry out (`IBV_EVENT_QP_REQ_ERR`).
+    QpRequestError(Qpn),
+    /// A QP's peer broke an access rule (`IBV_EVENT_QP_ACCESS_ERR`).
+    QpAccessError(Qpn),
+    /// A QP on an SRQ will take no more receives (`IBV_EVENT_QP_LAST_WQE_REACHED`).
+    LastWqeReached(Qpn),
+    /// An SRQ failed (`IBV_EVENT_SRQ_ERR`).
+    SrqError(u32),
+    /// A port became active (`IBV_EVENT_PORT_ACTIVE`).
+    PortActive(u8),
+    /// A port went down (`IBV_EVENT_PORT_ERR`).
+    PortError(u8),
+    /// A port's GID table changed (`IBV_EVENT_GID_CHANGE`).
+    GidChange(u8),
+    /// The device failed and every object on it is unusable (`IBV_EVENT_DEVICE_FATAL`).
+    DeviceFatal,
 }

@@ -46,7 +46,9 @@ pub use config::ContextConfig;
 pub use context::Context;
 pub use counters::DeviceCounters;
 pub use cq::CompletionQueue;
-pub use device::{Device, Gid, GidEntry, PortAttr, PortState, devices, route_source};
+pub use device::{
+    Device, Gid, GidEntry, PortAttr, PortState, Provider, devices, route_source, soft_devices,
+};
 pub use error::{ErrorKind, Result, VerbsError};
 pub use event::AsyncEvent;
 pub use monel_rc::{

@@ -3,58 +3,97 @@
 //! without it learns why in one line.
 #![allow(unsafe_code)]
 
-use std::ffi::{CStr, c_char, c_int, c_void};
+use std::ffi::{CStr, c_int};
+use std::sync::OnceLock;
 
 use libloading::Library;
+
+use super::ffi;
 
 /// The library's file name (its ABI: rdma-core has kept `.so.1` since 2017).
 pub const LIBIBVERBS: &str = "libibverbs.so.1";
 
-type GetDeviceList = unsafe extern "C" fn(*mut c_int) -> *mut *mut c_void;
-type FreeDeviceList = unsafe extern "C" fn(*mut *mut c_void);
-type GetDeviceName = unsafe extern "C" fn(*mut c_void) -> *const c_char;
-
 /// Most devices read from one list.
 const MAX_DEVICES: usize = 256;
 
-/// libibverbs, loaded, with the entry points Monel uses.
-#[derive(Debug)]
-pub struct Libibverbs {
-    get_device_list: GetDeviceList,
-    free_device_list: FreeDeviceList,
-    get_device_name: GetDeviceName,
-    // Declared last: the function pointers above point into it.
-    _lib: Library,
+macro_rules! entry_points {
+    ($($field:ident: $ty:ident = $sym:literal,)*) => {
+        /// libibverbs, loaded, with the entry points Monel uses.
+        pub struct Libibverbs {
+            $(pub(crate) $field: ffi::$ty,)*
+            // Declared last: the function pointers above point into it.
+            _lib: Library,
+        }
+
+        impl Libibverbs {
+            /// Loads libibverbs; the error says why it could not be (not installed, or a
+            /// symbol missing).
+            pub fn load() -> Result<Self, String> {
+                // SAFETY: loading libibverbs runs its initialisers, which only set up its
+                // own state (rdma-core's library constructors read config files and
+                // register providers).
+                let lib = unsafe { Library::new(LIBIBVERBS) }.map_err(|e| {
+                    format!("{LIBIBVERBS} not loaded ({e}); install rdma-core's libibverbs1")
+                })?;
+                // SAFETY: each symbol is looked up with the C signature rdma-core's
+                // verbs.h gives it (the default version, IBVERBS_1.1), and the pointers
+                // are used only while `_lib` lives.
+                unsafe {
+                    Ok(Self {
+                        $($field: *lib
+                            .get::<ffi::$ty>($sym)
+                            .map_err(|e| format!("{LIBIBVERBS}: {e}"))?,)*
+                        _lib: lib,
+                    })
+                }
+            }
+        }
+    };
+}
+
+entry_points! {
+    get_device_list: GetDeviceList = b"ibv_get_device_list\0",
+    free_device_list: FreeDeviceList = b"ibv_free_device_list\0",
+    get_device_name: GetDeviceName = b"ibv_get_device_name\0",
+    open_device: OpenDevice = b"ibv_open_device\0",
+    close_device: CloseDevice = b"ibv_close_device\0",
+    query_port: QueryPort = b"ibv_query_port\0",
+    query_gid: QueryGid = b"ibv_query_gid\0",
+    alloc_pd: AllocPd = b"ibv_alloc_pd\0",
+    dealloc_pd: DeallocPd = b"ibv_dealloc_pd\0",
+    reg_mr: RegMr = b"ibv_reg_mr\0",
+    dereg_mr: DeregMr = b"ibv_dereg_mr\0",
+    create_comp_channel: CreateCompChannel = b"ibv_create_comp_channel\0",
+    destroy_comp_channel: DestroyCompChannel = b"ibv_destroy_comp_channel\0",
+    create_cq: CreateCq = b"ibv_create_cq\0",
+    destroy_cq: DestroyCq = b"ibv_destroy_cq\0",
+    get_cq_event: GetCqEvent = b"ibv_get_cq_event\0",
+    ack_cq_events: AckCqEvents = b"ibv_ack_cq_events\0",
+    create_qp: CreateQp = b"ibv_create_qp\0",
+    modify_qp: ModifyQp = b"ibv_modify_qp\0",
+    query_qp: QueryQp = b"ibv_query_qp\0",
+    destroy_qp: DestroyQp = b"ibv_destroy_qp\0",
+    create_srq: CreateSrq = b"ibv_create_srq\0",
+    modify_srq: ModifySrq = b"ibv_modify_srq\0",
+    query_srq: QuerySrq = b"ibv_query_srq\0",
+    destroy_srq: DestroySrq = b"ibv_destroy_srq\0",
+    create_ah: CreateAh = b"ibv_create_ah\0",
+    destroy_ah: DestroyAh = b"ibv_destroy_ah\0",
+    get_async_event: GetAsyncEvent = b"ibv_get_async_event\0",
+    ack_async_event: AckAsyncEvent = b"ibv_ack_async_event\0",
+}
+
+impl std::fmt::Debug for Libibverbs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Libibverbs")
+    }
 }
 
 impl Libibverbs {
-    /// Loads libibverbs; the error says why it could not be (not installed, or a symbol
-    /// missing).
-    pub fn load() -> Result<Self, String> {
-        // SAFETY: loading libibverbs runs its initialisers, which only set up its own state
-        // (rdma-core's library constructors read config files and register providers).
-        let lib = unsafe { Library::new(LIBIBVERBS) }.map_err(|e| {
-            format!("{LIBIBVERBS} not loaded ({e}); install rdma-core's libibverbs1")
-        })?;
-        // SAFETY: each symbol is looked up with the C signature rdma-core's verbs.h gives it
-        // (stable since IBVERBS_1.1), and the pointers are used only while `_lib` lives.
-        unsafe {
-            let get_device_list = *lib
-                .get::<GetDeviceList>(b"ibv_get_device_list\0")
-                .map_err(|e| format!("{LIBIBVERBS}: {e}"))?;
-            let free_device_list = *lib
-                .get::<FreeDeviceList>(b"ibv_free_device_list\0")
-                .map_err(|e| format!("{LIBIBVERBS}: {e}"))?;
-            let get_device_name = *lib
-                .get::<GetDeviceName>(b"ibv_get_device_name\0")
-                .map_err(|e| format!("{LIBIBVERBS}: {e}"))?;
-            Ok(Self {
-                get_device_list,
-                free_device_list,
-                get_device_name,
-                _lib: lib,
-            })
-        }
+    /// The process's one copy, loaded on first use (the error, why not, is kept too).
+    pub fn shared() -> Result<&'static Self, String> {
+        static LIB: OnceLock<Result<Libibverbs, String>> = OnceLock::new();
+        LIB.get_or_init(Self::load).as_ref().map_err(Clone::clone)
     }
 
     /// The names of the devices libibverbs finds (those with a user-space provider); the

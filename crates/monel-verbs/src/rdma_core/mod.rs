@@ -1,6 +1,25 @@
-//! What rdma-core and the kernel offer on this machine: libibverbs loaded at run time, and
-//! the kernel's RDMA devices, ports and GID tables. The groundwork of a hardware provider
-//! under Monel's verbs API (which today always opens the soft RNIC) and of `monel doctor`.
+//! The rdma-core provider: kernel RDMA devices (hardware NICs, or Linux rxe) through
+//! rdma-core's libibverbs, loaded at run time, behind the same verbs API as the soft RNIC.
+//! Also what `monel doctor` reads: the library, and the kernel's devices, ports and GID
+//! tables in sysfs.
+//!
+//! ```text
+//!  HwContext / HwPd / HwQp / HwCq / HwSrq / HwMr / HwAh   the provider objects (ops)
+//!     |  control path: libibverbs' exported verbs (loader)
+//!     |  data path: the provider's ops table in ibv_context (post_send, poll_cq, ...)
+//!     v
+//!  ffi: the C ABI of <infiniband/verbs.h>, checked against the header by a test
+//! ```
 
+mod context;
+pub(crate) mod counters;
+mod cq;
+pub mod device;
+pub mod ffi;
 pub mod loader;
+mod pd;
+mod qp;
+mod srq;
 pub mod sysfs;
+
+pub(crate) use context::HwContext;
