@@ -4,7 +4,9 @@
 # message sizes 1 B to 64 KiB; then ibv_ud_pingpong against `monel pingpong --ud`, both
 # directions, 1 B to 4 KiB; every packet captured and every ICRC checked by `monel dump`;
 # then ibv_srq_pingpong against `monel pingpong --srq`, both directions, 1 B to 64 KiB; then
-# `monel doctor` carried into the VM, where it reads rxe0's GID table.
+# `monel doctor` carried into the VM, where it reads rxe0's GID table; then F, Monel's
+# rdma-core provider on rxe0 in the VM: its verbs tests, pingpong against the host's soft RNIC
+# and against rdma-core's own ibv_rc_pingpong, and every collective on 2 ranks over rxe0.
 # Run as root (network namespace, tap). Exit 0 only if every run and every ICRC passed.
 #   interop.sh [MONEL_BINARY]
 set -euo pipefail
@@ -127,6 +129,78 @@ if r=$("$monel" doctor 2>&1) && echo "$r" | grep -qE "^ok +devices +no RDMA devi
   echo "PASS D host: $(echo "$r" | grep -E '^ok +providers')"
 else
   echo "FAIL D host: $r"; fail=1
+fi
+
+echo "== F: Monel's rdma-core provider on rxe0 (VM): verbs tests, pingpong with the host's soft RNIC and with ibv_rc_pingpong, every collective"
+# The provider's tests, built here and carried in (they are ignored where there is no device).
+vtest=$(cd "$root" && cargo test --release --locked -p monel-verbs --test rdma_core --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "rdma_core":
+        print(m["executable"])')
+cp "$vtest" "$out/rdma_core_tests"
+fsizes=${RXEVM_HW_SIZES:-"1 4096 65536"}
+colls="all_reduce broadcast reduce all_gather reduce_scatter alltoall gather scatter"
+cat > "$out/hw.sh" <<VM
+set -u
+echo "RUN verbs"; rdma_core_tests --ignored 2>&1 | grep -E "^test |test result" || exit 1
+for m in $mtus; do for s in $fsizes; do
+  echo "RUN srv m=\$m s=\$s"; monel pingpong -d rxe0 -g \$RXE_GID_IDX -m \$m -s \$s -n $iters -c --timeout 60 || exit 1
+done; done
+for m in $mtus; do for s in $fsizes; do
+  echo "RUN cli m=\$m s=\$s"; n=0
+  until monel pingpong -d rxe0 -g \$RXE_GID_IDX -m \$m -s \$s -n $iters -c --timeout 60 10.77.0.1 > /tmp/o 2>&1; do
+    grep -q "onnect" /tmp/o || { cat /tmp/o; exit 1; }; n=\$((n+1)); [ \$n -lt 100 ] || exit 1; sleep 0.3
+  done; cat /tmp/o
+done; done
+for s in $fsizes; do
+  echo "RUN monel-srv/ibv-cli s=\$s"
+  monel pingpong -d rxe0 -g \$RXE_GID_IDX -m 4096 -s \$s -n $iters -c --timeout 60 > /tmp/s 2>&1 & sp=\$!
+  sleep 0.5; timeout 60 ibv_rc_pingpong -d rxe0 -g \$RXE_GID_IDX -m 4096 -s \$s -n $iters 10.77.0.2 || exit 1
+  wait \$sp || { cat /tmp/s; exit 1; }
+  echo "RUN ibv-srv/monel-cli s=\$s"
+  timeout 60 ibv_rc_pingpong -d rxe0 -g \$RXE_GID_IDX -m 4096 -s \$s -n $iters > /tmp/s 2>&1 & sp=\$!
+  sleep 0.5; monel pingpong -d rxe0 -g \$RXE_GID_IDX -m 4096 -s \$s -n $iters -c --timeout 60 10.77.0.2 || exit 1
+  wait \$sp || { cat /tmp/s; exit 1; }
+done
+for c in $colls; do
+  for r in 0 1; do
+    env RANK=\$r WORLD_SIZE=2 MASTER_ADDR=10.77.0.2 MASTER_PORT=29500 MONEL_HOST=h\$r MONEL_TRANSPORT=rdma MONEL_DEBUG=INFO \
+      timeout 120 monel bench \$c -b 8 -e 1M -f 8 -n 3 -c 1 > /tmp/b\$r 2>&1 &
+  done
+  wait %1; r0=\$?; wait %2; r1=\$?
+  echo "RUN bench \$c rc=\$r0/\$r1"
+  grep -m1 "provider rdma-core, dev rxe0" /tmp/b0 || { cat /tmp/b0; exit 1; }
+  grep -q "Out of bounds values : 0 OK" /tmp/b0 || { cat /tmp/b0 /tmp/b1; exit 1; }
+  [ \$r0 = 0 ] && [ \$r1 = 0 ] || exit 1
+done
+echo "HW DONE"
+VM
+"$here/run.sh" -M 9000 -T 600 -l "$out/vm-f.log" -b "$monel" -b "$out/rdma_core_tests" -b "$out/hw.sh" -c "sh /bin/hw.sh" > "$out/vm-f.txt" 2>&1 &
+vm=$!
+# The host's soft RNIC is the client while the VM serves, then the server.
+for m in $mtus; do for s in $fsizes; do
+  kill -0 $vm 2>/dev/null || { echo "FAIL F: the VM side stopped early"; fail=1; break 2; }
+  if r=$(pp -m "$m" -s "$s" 10.77.0.2 2>&1) && icrc_ok "$r"; then
+    echo "PASS F host-client (VM rdma-core server) m=$m s=$s: $(summary "$r")"
+  else
+    echo "FAIL F host-client m=$m s=$s: $r"; fail=1
+  fi
+done; done
+for m in $mtus; do for s in $fsizes; do
+  kill -0 $vm 2>/dev/null || { echo "FAIL F: the VM side stopped early"; fail=1; break 2; }
+  if r=$(pp -m "$m" -s "$s" 2>&1) && icrc_ok "$r"; then
+    echo "PASS F host-server (VM rdma-core client) m=$m s=$s: $(summary "$r")"
+  else
+    echo "FAIL F host-server m=$m s=$s: $r"; fail=1
+  fi
+done; done
+if wait $vm && grep -q "HW DONE" "$out/vm-f.txt"; then
+  echo "PASS F vm: $(grep -c '^test .* ok$' "$out/vm-f.txt") verbs tests on rxe0; pingpong both ways with ibv_rc_pingpong; every collective on 2 ranks over rxe0, verified"
+  grep -E "test result|RUN bench" "$out/vm-f.txt" | sed 's/^/  vm: /'
+else
+  echo "FAIL F: VM side"; grep -vE "^\[" "$out/vm-f.txt" | tail -30; fail=1
 fi
 
 echo "== interop.sh took $(( $(date +%s) - start )) s; result: $([[ $fail == 0 ]] && echo PASS || echo FAIL)"

@@ -16,7 +16,11 @@ initrd=$work/initrd.gz
 if ((${#carry[@]})); then
   stage=$(mktemp -d)
   mkdir -p "$stage/bin"
-  for f in "${carry[@]}"; do strip --strip-debug -o "$stage/bin/$(basename "$f")" "$f"; done
+  for f in "${carry[@]}"; do
+    # Programs lose their debug information; scripts go as they are.
+    strip --strip-debug -o "$stage/bin/$(basename "$f")" "$f" 2>/dev/null ||
+      install -m 755 "$f" "$stage/bin/$(basename "$f")"
+  done
   initrd=$(mktemp)
   { cat "$work/initrd.gz"; (cd "$stage" && find . | cpio -o -H newc --quiet | gzip -1); } > "$initrd"
   rm -rf "$stage"

@@ -106,12 +106,12 @@ fn ranks_over<T: Send + 'static>(
                 for (j, p) in (0..n).filter(|&j| j != r).zip(c.paths()) {
                     let want = match mode {
                         Mode::Shm(_) => "via SHM",
-                        Mode::Rdma(_) => "via RoCE soft-RNIC",
+                        Mode::Rdma(_) => "via RoCE provider soft",
                         Mode::Tcp => "via TCP",
                         Mode::Mixed if j / 2 == r / 2 => "via SHM",
-                        Mode::Mixed => "via RoCE soft-RNIC",
+                        Mode::Mixed => "via RoCE provider soft",
                         Mode::Cyclic if j % 2 == r % 2 => "via SHM",
-                        Mode::Cyclic => "via RoCE soft-RNIC",
+                        Mode::Cyclic => "via RoCE provider soft",
                     };
                     assert!(
                         p.starts_with(&format!("rank {r} -> {j} {want}")),

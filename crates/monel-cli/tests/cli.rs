@@ -410,7 +410,10 @@ fn demo_verifies_every_collective_over_both_paths() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(text.contains("rank 0 -> 1 via SHM"), "{text}");
-    assert!(text.contains("rank 0 -> 2 via RoCE soft-RNIC"), "{text}");
+    assert!(
+        text.contains("rank 0 -> 2 via RoCE provider soft"),
+        "{text}"
+    );
     for op in [
         "all_reduce",
         "broadcast",

@@ -215,6 +215,15 @@ impl CommConfig {
             tracing::info!(target: "monel::init", "{a}");
         }
         c.rdma.gid = gid;
+        if let Some((v, from)) = monel_verbs::hca::lookup(env, "IB_HCA") {
+            if from == "NCCL" {
+                tracing::info!(target: "monel::init", "NCCL_IB_HCA={v} read as MONEL_IB_HCA");
+            }
+            c.rdma.hca = Some(
+                monel_verbs::hca::HcaFilter::parse(&v)
+                    .map_err(|e| CclError::invalid(format!("{from}_IB_HCA: {e}")))?,
+            );
+        }
         if let Some(v) = env("MONEL_RDMA_AUTH") {
             c.rdma.auth = monel_verbs::protect::PacketAuth::parse(&v).ok_or_else(|| {
                 CclError::invalid(format!("MONEL_RDMA_AUTH={v:?}: want none, mac or encrypt"))

@@ -146,7 +146,7 @@ pub(crate) fn connect(streams: Vec<Option<Peer>>, p: &Plan<'_>) -> Result<Links>
     let rdma: &Upgrade<'_> = &|s| {
         rdma::upgrade(s, p.local_ip, p.rdma, p.deadline)
             .map(boxed)
-            .map_err(|e| CclError::io("soft-RNIC handshake", e))
+            .map_err(|e| CclError::io("RDMA handshake", e))
     };
     for (kind, upgrade) in [(TransportKind::Shm, shm), (TransportKind::Roce, rdma)] {
         let outcomes = upgrade(std::mem::take(&mut rest))?;

@@ -29,7 +29,8 @@ use super::handshake::{Channel, bound_reads, first_text};
 use super::{Link, Setup};
 use monel_copy::copy;
 use monel_sched::tune::TransportKind;
-use monel_verbs::hca::{GidKind, GidPolicy, GidSlot, choose_gid};
+use monel_verbs::Provider;
+use monel_verbs::hca::{GidPolicy, HcaFilter, choose_gid};
 use monel_verbs::protect::{PacketAuth, Protection};
 
 /// Soft-RNIC transport settings.
@@ -52,6 +53,9 @@ pub struct RdmaConfig {
     /// `MONEL_IB_ADDR_FAMILY`, `MONEL_IB_ADDR_RANGE`, or their `NCCL_IB_*` aliases; default:
     /// the first IPv4 GID, else the first).
     pub gid: GidPolicy,
+    /// Which kernel RDMA devices and ports may be used (`MONEL_IB_HCA`, or `NCCL_IB_HCA`;
+    /// default: any). Without one the soft RNIC is used.
+    pub hca: Option<HcaFilter>,
 }
 
 impl Default for RdmaConfig {
@@ -63,6 +67,7 @@ impl Default for RdmaConfig {
             gso: true,
             auth: PacketAuth::Mac,
             gid: GidPolicy::default(),
+            hca: None,
         }
     }
 }
@@ -94,39 +99,44 @@ pub(crate) struct Nic {
 }
 
 impl Nic {
-    /// Opens `cfg.device`, or the device holding `local_ip`, on its own UDP port (ranks
-    /// sharing an address each bind one; peers learn it in the handshake).
+    /// Opens the RNIC this rank uses: `cfg.device` when named; else the first port of a
+    /// kernel RDMA device (`MONEL_IB_HCA` filters) that is up and has a GID the policy
+    /// takes; else the soft RNIC on `local_ip`, on its own UDP port (ranks sharing an
+    /// address each bind one; peers learn it in the handshake).
     pub(crate) fn open(cfg: &RdmaConfig, local_ip: IpAddr) -> Result<Self, String> {
-        let dev = match &cfg.device {
-            Some(d) => Device::from_arg(d),
-            None => Device::bind(local_ip),
-        }
-        .map_err(|e| e.to_string())?;
-        let (sgid_index, why) = if cfg.gid == GidPolicy::default() {
-            let i = dev
-                .ipv4_gid_index()
-                .filter(|_| local_ip.is_ipv4() || cfg.device.is_some())
-                .unwrap_or(0);
-            let why = if cfg.device.is_some() {
-                "the first IPv4 GID of MONEL_RDMA_DEV"
-            } else {
-                "the address this rank reaches the rendezvous from"
+        let (dev, chosen) = match &cfg.device {
+            Some(d) => (
+                Device::from_arg(d).map_err(|e| e.to_string())?,
+                "MONEL_RDMA_DEV".to_string(),
+            ),
+            None => match hardware(cfg) {
+                Ok(found) => found,
+                Err(why) => {
+                    tracing::info!(target: "monel::init", "soft RNIC: {why}");
+                    let d = Device::bind(local_ip).map_err(|e| e.to_string())?;
+                    (
+                        d,
+                        "the address this rank reaches the rendezvous from".into(),
+                    )
+                }
+            },
+        };
+        let (sgid_index, why) = if dev.is_rdma_core() || cfg.gid != GidPolicy::default() {
+            let port = match dev.provider {
+                Provider::RdmaCore { port, .. } => port,
+                Provider::Soft => 1,
             };
-            (i, why.to_string())
-        } else {
-            // The soft RNIC's GIDs are all RoCE v2, one per address.
-            let table: Vec<GidSlot> = (0..dev.gids.len())
-                .map(|i| GidSlot {
-                    index: i as u16,
-                    gid: dev.gids[i].gid,
-                    kind: GidKind::RoceV2,
-                })
-                .collect();
-            let (g, why) = choose_gid(&dev.name, 1, &table, &cfg.gid)?;
+            let (g, why) = choose_gid(&dev.name, port, &dev.gid_slots(), &cfg.gid)?;
             (
                 u8::try_from(g.index).map_err(|_| format!("GID index {} above 255", g.index))?,
                 why,
             )
+        } else {
+            let i = dev
+                .ipv4_gid_index()
+                .filter(|_| local_ip.is_ipv4() || cfg.device.is_some())
+                .unwrap_or(0);
+            (i, chosen.clone())
         };
         let gid = dev.gid(sgid_index).map_err(|e| e.to_string())?.gid;
         let mtu = dev.port_attr().active_mtu;
@@ -151,21 +161,82 @@ impl Nic {
             gid,
             port,
             mtu,
-            why,
+            why: if dev.is_rdma_core() {
+                format!("{why}; device: {chosen}")
+            } else {
+                why
+            },
         })
     }
 
-    /// For logs: `provider soft, dev NAME port 1, GID i (why) G, udp P`.
+    /// True on a kernel RDMA device (hardware, or rxe).
+    fn is_rdma_core(&self) -> bool {
+        self.ctx.device().is_rdma_core()
+    }
+
+    /// The packet protection this rank offers: `cfg.auth` on the soft RNIC; none on a kernel
+    /// device, whose NIC puts plain RoCEv2 on the wire (the fabric is trusted, as for NCCL).
+    fn auth(&self, cfg: &RdmaConfig) -> PacketAuth {
+        if self.is_rdma_core() {
+            PacketAuth::None
+        } else {
+            cfg.auth
+        }
+    }
+
+    /// For logs: `provider P, dev NAME port N, GID i (why) G, udp P`.
     pub(crate) fn describe(&self) -> String {
+        let d = self.ctx.device();
+        let (provider, port) = match d.provider {
+            Provider::RdmaCore { port, .. } => ("rdma-core", port),
+            Provider::Soft => ("soft", 1),
+        };
         format!(
-            "provider soft, dev {} port 1, GID {} ({}) {}, udp {}",
-            self.ctx.device().name,
+            "provider {provider}, dev {} port {port}, GID {} ({}) {}, udp {}",
+            d.name,
             self.sgid_index,
             self.why,
             gid_text(self.gid),
             self.port
         )
     }
+}
+
+/// The first kernel RDMA port `cfg` admits that is up and holds a GID its policy takes,
+/// with why it was chosen; the error says why there is none.
+fn hardware(cfg: &RdmaConfig) -> Result<(Device, String), String> {
+    let all = monel_verbs::rdma_core::device::list()?;
+    let mut skipped = Vec::new();
+    for d in all {
+        let Provider::RdmaCore { port, .. } = d.provider else {
+            continue;
+        };
+        let base = d.name.split(':').next().unwrap_or(&d.name).to_string();
+        if let Some(f) = &cfg.hca
+            && !f.admits(&base, port)
+        {
+            skipped.push(format!("{} (MONEL_IB_HCA)", d.name));
+            continue;
+        }
+        if !d.up {
+            skipped.push(format!("{} (port down)", d.name));
+            continue;
+        }
+        if let Err(e) = choose_gid(&d.name, port, &d.gid_slots(), &cfg.gid) {
+            skipped.push(format!("{} ({e})", d.name));
+            continue;
+        }
+        let why = match &cfg.hca {
+            Some(_) => format!("{} is the first MONEL_IB_HCA admits that is up", d.name),
+            None => format!("{} is the first kernel RDMA device that is up", d.name),
+        };
+        return Ok((d, why));
+    }
+    Err(if skipped.is_empty() {
+        "no kernel RDMA device".into()
+    } else {
+        format!("no usable kernel RDMA device: {}", skipped.join(", "))
+    })
 }
 
 /// A GID as people write it: `::ffff:10.0.0.2` for IPv4-mapped ones.
@@ -320,7 +391,7 @@ pub(crate) fn upgrade(
             .clone()
             .and_then(|nic| Endpoint::new(&nic, cfg.ring).map_err(|e| e.to_string()));
         match &ep {
-            Ok(ep) => s.send(OFFER, &[&ep.offer(cfg.auth)])?,
+            Ok(ep) => s.send(OFFER, &[&ep.offer(ep.nic.auth(cfg))])?,
             Err(why) => s.send(NO_OFFER, &[why.as_bytes()])?,
         }
         mine[j] = Some(ep);
@@ -336,11 +407,20 @@ pub(crate) fn upgrade(
             (Ok(_), k) if k != OFFER => Err(format!("rank {j} sent a garbled RDMA handshake")),
             (Ok(ep), _) => Offer::decode(f.first().map_or(&[], |v| v)).and_then(|o| {
                 let nic = &ep.nic;
-                let mode = cfg.auth.max(o.auth);
+                let mode = nic.auth(cfg).max(o.auth);
                 let (mine, theirs) = (ep.qp.qp_num().value(), o.remote.qpn.value());
-                ep.qp
-                    .protect(&Protection::between(s.key(), mode, mine, theirs))
-                    .map_err(|e| e.to_string())?;
+                if nic.is_rdma_core() && mode != PacketAuth::None {
+                    return Err(format!(
+                        "{} speaks plain RoCEv2 and rank {j} asks for {mode} packets \
+                         (MONEL_RDMA_AUTH=none on rank {j} lets the pair use it)",
+                        nic.ctx.device().name
+                    ));
+                }
+                if !nic.is_rdma_core() {
+                    ep.qp
+                        .protect(&Protection::between(s.key(), mode, mine, theirs))
+                        .map_err(|e| e.to_string())?;
+                }
                 ep.qp
                     .connect(
                         &o.remote,
@@ -393,10 +473,10 @@ pub(crate) fn upgrade(
                     o.remote.qpn.value(),
                     nic.mtu.min(o.mtu).bytes(),
                     ep.rx.len() >> 10,
-                    cfg.auth.max(o.auth)
+                    nic.auth(cfg).max(o.auth)
                 );
                 let link = RdmaLink::new(ep, o, s.s)?;
-                Setup::Up(link, format!("soft-RNIC {desc}"))
+                Setup::Up(link, desc)
             }
             (Ok(_), _) => Setup::Declined(
                 s,
