@@ -62,6 +62,22 @@ fn set_int(fd: RawFd, level: i32, name: i32, val: i32) -> std::io::Result<()> {
     }
 }
 
+/// A UDP socket bound to `addr` even while the address is not usable yet (an IPv6 address
+/// still tentative, or an interface without carrier): with `IP_FREEBIND`, as rxe keeps its
+/// GIDs across link changes, the socket receives as soon as the address works.
+fn bind_free(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrStorage, bind, socket};
+    let family = if addr.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    };
+    let fd = socket(family, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)?;
+    setsockopt(&fd, sockopt::IpFreebind, &true)?;
+    bind(fd.as_raw_fd(), &SockaddrStorage::from(addr))?;
+    Ok(UdpSocket::from(fd))
+}
+
 /// Binds a socket at `ip`:`port` (0: any free port) with the RoCE socket options; returns it
 /// and whether the kernel takes UDP GRO on it (never on a `send_only` socket).
 fn open(
@@ -78,7 +94,7 @@ fn open(
         }
         _ => SocketAddr::new(ip, port),
     };
-    let udp = UdpSocket::bind(addr).map_err(|e| {
+    let udp = bind_free(addr).map_err(|e| {
         VerbsError::io(
             V,
             std::io::Error::new(e.kind(), format!("bind UDP {addr}: {e}")),
