@@ -15,7 +15,8 @@ apt-cache show linux-image-amd64 >/dev/null 2>&1 || apt-get update -qq
 kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
 pkgs=($kpkg busybox-static ibverbs-utils ibverbs-providers libibverbs1 librdmacm1 rdmacm-utils
       perftest iproute2 libnl-3-200 libnl-route-3-200 libmnl0 libelf1 libbpf1 libcap2 libbsd0 libmd0 libtirpc3
-      libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0 libkeyutils1 libcom-err2 libgcc-s1 libzstd1 zlib1g libdb5.3 libselinux1 libpcre2-8-0 libxtables12)
+      libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0 libkeyutils1 libcom-err2 libgcc-s1 libzstd1 zlib1g libdb5.3 libselinux1 libpcre2-8-0 libxtables12
+      libpci3 libudev1 libibumad3)
 cd "$work/debs"
 missing=()
 for p in "${pkgs[@]}"; do ls "${p}"_*.deb >/dev/null 2>&1 || missing+=("$p"); done
@@ -58,6 +59,13 @@ prov=$(ls "$R"/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav*.so)
 cp "$prov" $I/usr/lib/x86_64-linux-gnu/libibverbs/
 todo+=("$prov")
 cp "$R"/etc/libibverbs.d/rxe.driver $I/etc/libibverbs.d/
+# A library no package here provides would fail the tool inside the VM: stop now instead.
+for f in "${todo[@]}"; do
+  if LD_LIBRARY_PATH=$libpath ldd "$f" | grep "not found"; then
+    echo "rxe-vm: $f needs a library the package list lacks" >&2
+    exit 1
+  fi
+done
 for f in "${todo[@]}"; do
   LD_LIBRARY_PATH=$libpath ldd "$f" | awk '/=> \//{print $3} /^\s*\/lib64/{print $1}'
 done | sort -u | while read -r lib; do

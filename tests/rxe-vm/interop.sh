@@ -4,6 +4,7 @@
 # message sizes 1 B to 64 KiB; then ibv_ud_pingpong against `monel pingpong --ud`, both
 # directions, 1 B to 4 KiB; every packet captured and every ICRC checked by `monel dump`;
 # then ibv_srq_pingpong against `monel pingpong --srq`, both directions, 1 B to 64 KiB; then
+# perftest's ib_{write,read,send,atomic}_bw against `monel perf --perftest`, both directions; then
 # `monel doctor` carried into the VM, where it reads rxe0's GID table; then F, Monel's
 # rdma-core provider on rxe0 in the VM: its verbs tests, pingpong against the host's soft RNIC
 # and against rdma-core's own ibv_rc_pingpong, and every collective on 2 ranks over rxe0.
@@ -111,6 +112,52 @@ for s in $srqsizes; do
 done
 wait $vm || { echo "FAIL E: VM side"; fail=1; }
 grep -E "RUN|usec/iter" "$out/vm-e.txt" | grep -v "Couldn't" | paste - - | sed 's/^/  vm: /'
+
+echo "== G: perftest (VM) <-> monel perf --perftest (host), both ways: write, read, send and atomic bandwidth"
+gsizes=${RXEVM_PERFTEST_SIZES:-"2 65536"}
+giters=${RXEVM_PERFTEST_ITERS:-100}
+# One run per test, MTU and size: (test, MTU, size) triples, atomics at their 8 bytes.
+runs=()
+for m in $mtus; do
+  for t in write read send; do for s in $gsizes; do runs+=("$t $m $s"); done; done
+  runs+=("atomic $m 8")
+done
+vmcmd='set -- '"$(printf '%s ' "${runs[@]// /:}")"'
+split() { t=${1%%:*}; rest=${1#*:}; m=${rest%%:*}; s=${rest#*:}; }
+for r in "$@"; do split "$r"
+  echo "RUN srv $t m=$m s=$s"; timeout 60 ib_${t}_bw -d rxe0 -x $RXE_GID_IDX -m $m -s $s -n '"$giters"' || exit 1
+done
+for r in "$@"; do split "$r"
+  echo "RUN cli $t m=$m s=$s"; n=0
+  until timeout 60 ib_${t}_bw -d rxe0 -x $RXE_GID_IDX -m $m -s $s -n '"$giters"' 10.77.0.1 > /tmp/o 2>&1; do
+    grep -q "Unable to init the socket connection\|Couldn.t connect" /tmp/o || { cat /tmp/o; exit 1; }
+    n=$((n+1)); [ $n -lt 100 ] || exit 1; sleep 0.3
+  done; cat /tmp/o
+done'
+"$here/run.sh" -M 9000 -T 600 -l "$out/vm-g.log" -c "$vmcmd" > "$out/vm-g.txt" 2>&1 &
+vm=$!
+pt() { ip netns exec "$NS" timeout 120 "$monel" perf "$1-bw" --perftest -d 10.77.0.1 -m "$2" -s "$3" -n "$giters" "${@:4}"; }
+for r in "${runs[@]}"; do
+  read -r t m s <<<"$r"
+  kill -0 $vm 2>/dev/null || { echo "FAIL G: the VM side stopped early"; fail=1; break; }
+  if o=$(pt "$t" "$m" "$s" 10.77.0.2 2>&1) && row=$(echo "$o" | grep -A1 '#bytes' | tail -1) && [[ $(echo "$row" | awk '{print $1, $2}') == "$s $giters" ]]; then
+    echo "PASS G host-client $t m=$m s=$s: $row"
+  else
+    echo "FAIL G host-client $t m=$m s=$s: $o"; fail=1
+  fi
+done
+for r in "${runs[@]}"; do
+  read -r t m s <<<"$r"
+  kill -0 $vm 2>/dev/null || { echo "FAIL G: the VM side stopped early"; fail=1; break; }
+  if o=$(pt "$t" "$m" "$s" 2>&1) && row=$(echo "$o" | grep -A1 '#bytes' | tail -1) && [[ $(echo "$row" | awk '{print $1, $2}') == "$s $giters" ]]; then
+    echo "PASS G host-server $t m=$m s=$s: $row"
+  else
+    echo "FAIL G host-server $t m=$m s=$s: $o"; fail=1
+  fi
+done
+wait $vm || { echo "FAIL G: VM side"; grep -vE "^\[" "$out/vm-g.txt" | tail -20; fail=1; }
+echo "  vm: $(grep -c '^RUN' "$out/vm-g.txt") perftest runs; their rows:"
+grep -A1 "#bytes" "$out/vm-g.txt" | grep -vE "#bytes|^--" | sed 's/^/  vm: /'
 
 # Let tcpdump drain, then stop it.
 prev=-1; while [[ $(stat -c %s "$pcap") != "$prev" ]]; do prev=$(stat -c %s "$pcap"); sleep 1; done

@@ -174,7 +174,7 @@ fn parse_auth(s: &str) -> Result<PacketAuth, String> {
 
 /// The shared secret: the file `--secret-file` names (trailing newline ignored), else
 /// `MONEL_SECRET`, else none.
-fn secret(a: &ConnArgs) -> anyhow::Result<Option<Vec<u8>>> {
+pub(crate) fn secret(a: &ConnArgs) -> anyhow::Result<Option<Vec<u8>>> {
     let s = match &a.secret_file {
         Some(p) => monel_verbs::auth::secret_from_file(p)
             .with_context(|| format!("--secret-file {}", p.display()))?,

@@ -10,6 +10,7 @@ mod dump;
 mod fabric;
 mod launch;
 mod perf;
+mod perftest;
 mod pingpong;
 mod sim;
 mod switch;

@@ -50,6 +50,11 @@ pub(crate) struct PerfArgs {
     /// kernel's copy costs for that layout, user space aside).
     #[arg(long)]
     gather: bool,
+    /// Speak perftest's exchange (TCP, `-p`, default 18515) instead of Monel's, so
+    /// `ib_write_bw`, `ib_read_bw`, `ib_send_bw` and `ib_atomic_bw` run against this side
+    /// with the same `-s` and `-n` (bandwidth tests; no job secret).
+    #[arg(long)]
+    perftest: bool,
 }
 
 fn cpu_seconds() -> f64 {
@@ -78,6 +83,23 @@ pub(crate) fn run(a: &PerfArgs) -> anyhow::Result<()> {
         return udp(a);
     }
     let test = Test::parse(&a.test).with_context(|| format!("unknown test {}", a.test))?;
+    if a.perftest {
+        return crate::perftest::run(&crate::perftest::Run {
+            test,
+            device: &a.conn.device,
+            server: a.server.as_deref(),
+            port: a.conn.port,
+            udp_port: a.conn.udp_port,
+            mtu: a.conn.mtu,
+            size: a.size,
+            iters: a.iters,
+            tx_depth: a.tx_depth,
+            secret: connect::secret(&a.conn)?.is_some(),
+        });
+    }
+    if test == Test::AtomicBw {
+        bail!("atomic-bw runs with --perftest (against ib_atomic_bw)");
+    }
     let default_size = if test.is_bw() { 65536 } else { 2 };
     let all = sizes(a, default_size);
     let maxsize = *all.iter().max().unwrap_or(&default_size);

@@ -2,6 +2,7 @@
 //! the verbs API: what rdma-core's `ibv_rc_pingpong` and perftest's `ib_*` programs do.
 
 pub(crate) mod perf;
+pub(crate) mod perftest_oob;
 pub(crate) mod pingpong;
 pub(crate) mod srq_pingpong;
 pub(crate) mod transfer;

@@ -29,6 +29,8 @@ pub(crate) enum Test {
     ReadLat,
     /// FETCH_ADD latency.
     AtomicLat,
+    /// FETCH_ADD bandwidth.
+    AtomicBw,
 }
 
 impl Test {
@@ -42,12 +44,29 @@ impl Test {
             "send-lat" => Self::SendLat,
             "read-lat" => Self::ReadLat,
             "atomic-lat" => Self::AtomicLat,
+            "atomic-bw" => Self::AtomicBw,
             _ => return None,
         })
     }
+    /// The name [`Self::parse`] takes.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::WriteBw => "write-bw",
+            Self::SendBw => "send-bw",
+            Self::ReadBw => "read-bw",
+            Self::WriteLat => "write-lat",
+            Self::SendLat => "send-lat",
+            Self::ReadLat => "read-lat",
+            Self::AtomicLat => "atomic-lat",
+            Self::AtomicBw => "atomic-bw",
+        }
+    }
     /// True for the bandwidth tests.
     pub(crate) fn is_bw(self) -> bool {
-        matches!(self, Self::WriteBw | Self::SendBw | Self::ReadBw)
+        matches!(
+            self,
+            Self::WriteBw | Self::SendBw | Self::ReadBw | Self::AtomicBw
+        )
     }
 }
 
@@ -103,17 +122,21 @@ impl BwReport {
     /// perftest's header.
     pub(crate) const HEADER: &str =
         " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]";
-    /// One row.
+    /// One row, as perftest prints it (`REPORT_FMT`).
     pub(crate) fn row(&self) -> String {
-        format!(
-            " {:<10} {:<10}     {:<18.2} {:<20.2} {:.6}",
-            self.size,
+        bw_row(
+            self.size as u64,
             self.iters,
             self.peak_mbs,
             self.avg_mbs(),
-            self.iters as f64 / self.seconds / 1e6
+            self.iters as f64 / self.seconds / 1e6,
         )
     }
+}
+
+/// perftest's bandwidth row: size, iterations, peak and average MB/s, million messages/s.
+pub(crate) fn bw_row(size: u64, iters: u64, peak: f64, avg: f64, rate: f64) -> String {
+    format!(" {size:<7}    {iters:<10}       {peak:<7.2}            {avg:<7.2}\t\t   {rate:<7.6}")
 }
 
 /// A latency result (microseconds).
@@ -244,9 +267,13 @@ fn post_op(e: &Endpoint<'_>, test: Test, size: usize, wr_id: u64, signaled: bool
         Test::WriteBw | Test::WriteLat => SendOp::Write(remote),
         Test::SendBw | Test::SendLat => SendOp::Send,
         Test::ReadBw | Test::ReadLat => SendOp::Read(remote),
-        Test::AtomicLat => SendOp::FetchAdd { remote, add: 1 },
+        Test::AtomicLat | Test::AtomicBw => SendOp::FetchAdd { remote, add: 1 },
     };
-    let len = if test == Test::AtomicLat { 8 } else { size };
+    let len = if matches!(test, Test::AtomicLat | Test::AtomicBw) {
+        8
+    } else {
+        size
+    };
     e.qp.post_send(SendWr {
         wr_id,
         op,
@@ -408,7 +435,7 @@ pub(crate) fn lat(
     let mut samples = Vec::with_capacity(n);
     let mut got = Vec::with_capacity(1);
     match test {
-        Test::ReadLat | Test::AtomicLat => {
+        Test::ReadLat | Test::AtomicLat | Test::AtomicBw => {
             if !initiator {
                 return Ok(LatReport {
                     size: o.size,

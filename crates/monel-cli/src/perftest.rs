@@ -1,0 +1,331 @@
+//! `monel perf TEST --perftest`: the bandwidth tests with perftest's own exchange, so
+//! `ib_write_bw`, `ib_read_bw`, `ib_send_bw` and `ib_atomic_bw` (run with the same `-s`,
+//! `-n` and `-p` as Monel) meet Monel as server or client, on the soft RNIC or a kernel RDMA
+//! device. The report is perftest's, column for column. The exchange is perftest's:
+//! unauthenticated, so a job secret refuses it.
+
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use monel_verbs::{
+    AccessFlags, ConnectParams, Context, ContextConfig, Device, Mtu, QpCap, QpInitAttr, QpType,
+    RecvWr, RemoteQp, WcStatus,
+};
+
+use crate::tools::perf::{self, BwReport, Endpoint, PerfOptions, Test};
+use crate::tools::perftest_oob::{BwNumbers, Keys, Oob};
+
+/// Receives the server keeps posted for `send-bw` (perftest's default `--rx-depth`).
+const RX_DEPTH: u32 = 512;
+/// What perftest takes as the page and cache-line sizes.
+const PAGE: u32 = 4096;
+const CACHE_LINE: u32 = 64;
+
+/// perftest's bandwidth row (`REPORT_FMT`).
+fn row(n: &BwNumbers) -> String {
+    perf::bw_row(n.size, n.iters, n.bw_peak, n.bw_avg, n.msg_rate)
+}
+
+fn numbers(r: &BwReport) -> BwNumbers {
+    BwNumbers {
+        size: r.size as u64,
+        iters: r.iters,
+        bw_peak: r.peak_mbs,
+        bw_avg: r.avg_mbs(),
+        msg_rate: r.iters as f64 / r.seconds / 1e6,
+    }
+}
+
+/// What one run needs from the command line.
+#[derive(Debug)]
+pub(crate) struct Run<'a> {
+    pub(crate) test: Test,
+    pub(crate) device: &'a str,
+    pub(crate) server: Option<&'a str>,
+    pub(crate) port: u16,
+    pub(crate) udp_port: u16,
+    pub(crate) mtu: u32,
+    pub(crate) size: Option<usize>,
+    pub(crate) iters: Option<u32>,
+    pub(crate) tx_depth: u32,
+    pub(crate) secret: bool,
+}
+
+fn tcp(r: &Run<'_>, local: IpAddr) -> anyhow::Result<(TcpStream, bool)> {
+    match r.server {
+        Some(s) => {
+            let ip: IpAddr = s
+                .parse()
+                .with_context(|| format!("{s}: not an IP address"))?;
+            let to = SocketAddr::new(ip, r.port);
+            // perftest's server may not listen yet: try for a while, as its clients do not.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                match TcpStream::connect_timeout(&to, Duration::from_secs(5)) {
+                    Ok(s) => return Ok((s, true)),
+                    Err(e) if Instant::now() < deadline => {
+                        let _ = e;
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                    Err(e) => return Err(e).with_context(|| format!("connect {to}")),
+                }
+            }
+        }
+        None => {
+            // perftest's clients speak IPv4 only.
+            let any = if local.is_ipv4() {
+                IpAddr::from([0, 0, 0, 0])
+            } else {
+                local
+            };
+            let l = TcpListener::bind((any, r.port))
+                .with_context(|| format!("listen on {}", r.port))?;
+            let (s, from) = l.accept()?;
+            println!("# perftest client {from}");
+            Ok((s, false))
+        }
+    }
+}
+
+/// Runs one bandwidth test against perftest.
+pub(crate) fn run(r: &Run<'_>) -> anyhow::Result<()> {
+    if r.secret {
+        bail!(
+            "--perftest: perftest's exchange cannot prove a job secret; unset MONEL_SECRET \
+             (and --secret-file) to meet perftest's tools"
+        );
+    }
+    if !r.test.is_bw() {
+        bail!(
+            "--perftest: the latency tests speak Monel's exchange only; use write-bw, read-bw, send-bw or atomic-bw"
+        );
+    }
+    let dev = Device::from_arg(r.device)?;
+    let gid_index = dev
+        .ipv4_gid_index()
+        .context("--perftest: the device has no IPv4 RoCE v2 GID (perftest speaks IPv4)")?;
+    let gid = dev.gid(gid_index)?.gid;
+    let want = Mtu::from_bytes(r.mtu).with_context(|| format!("-m {}: not an IB MTU", r.mtu))?;
+    let mtu_code = want.min(dev.port_attr().active_mtu) as u8;
+    let size = if r.test == Test::AtomicBw {
+        8
+    } else {
+        r.size.unwrap_or(65536)
+    };
+    let iters = r
+        .iters
+        .unwrap_or(if r.test == Test::WriteBw { 5000 } else { 1000 });
+    let ctx = Context::open(
+        &dev,
+        ContextConfig {
+            udp_port: r.udp_port,
+            ..ContextConfig::default()
+        },
+    )?;
+    let (stream, client) = tcp(r, gid.to_ip())?;
+    let mut oob = Oob::new(stream, client)?;
+    let agreed = oob
+        .open(PAGE, CACHE_LINE, mtu_code)
+        .map_err(anyhow::Error::msg)?;
+    let mtu = match agreed.mtu_code {
+        1 => Mtu::Mtu256,
+        2 => Mtu::Mtu512,
+        3 => Mtu::Mtu1024,
+        4 => Mtu::Mtu2048,
+        _ => Mtu::Mtu4096,
+    };
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq((r.tx_depth + RX_DEPTH) as usize)?;
+    let qp = pd.create_qp(&QpInitAttr {
+        send_cq: &cq,
+        recv_cq: &cq,
+        cap: QpCap {
+            max_send_wr: r.tx_depth.max(1),
+            max_recv_wr: RX_DEPTH,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        qp_type: QpType::Rc,
+        sq_sig_all: false,
+        srq: None,
+    })?;
+    // As perftest: the first half is this side's source, the second what the peer reaches.
+    let half = size.max(agreed.cycle_buffer as usize);
+    let mr = pd.reg_mr(
+        vec![0u8; 2 * half],
+        AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC,
+    )?;
+    let psn = monel_verbs::random_psn();
+    let mine = Keys {
+        lid: 0,
+        out_reads: 16,
+        qpn: qp.qp_num().value(),
+        psn: psn.value(),
+        rkey: mr.rkey().0,
+        vaddr: mr.addr() + half as u64,
+        gid,
+        srqn: 0,
+    };
+    let err = anyhow::Error::msg;
+    let theirs = oob.hand_shake(&mine).map_err(err)?;
+    if theirs.gid.to_ip().is_ipv4() != gid.to_ip().is_ipv4() {
+        bail!("perftest peer's GID {} is of another IP family", theirs.gid);
+    }
+    qp.connect(
+        &RemoteQp {
+            qpn: monel_verbs::Qpn::new(theirs.qpn),
+            psn: monel_verbs::Psn::new(theirs.psn),
+            gid: theirs.gid,
+        },
+        &ConnectParams {
+            sgid_index: gid_index,
+            local_psn: psn,
+            mtu,
+            access: AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            rd_atomic: theirs.out_reads.clamp(1, 16) as u8,
+            hop_limit: 0xff,
+            udp_port: None,
+        },
+    )?;
+    println!(
+        "# monel perf {} --perftest ({}; MTU {}; {} GID {} {})",
+        r.test.name(),
+        if client { "client" } else { "server" },
+        mtu.bytes(),
+        dev.name,
+        gid_index,
+        gid.to_ip()
+    );
+    println!(
+        "# local  QPN {:#08x} PSN {:#08x} RKey {:#010x} VAddr {:#018x}",
+        mine.qpn, mine.psn, mine.rkey, mine.vaddr
+    );
+    println!(
+        "# remote QPN {:#08x} PSN {:#08x} RKey {:#010x} VAddr {:#018x} GID {}",
+        theirs.qpn,
+        theirs.psn,
+        theirs.rkey,
+        theirs.vaddr,
+        theirs.gid.to_ip()
+    );
+    let line = "-".repeat(87);
+    let o = PerfOptions {
+        size,
+        iters,
+        duration: None,
+        tx_depth: r.tx_depth.max(1),
+        ..PerfOptions::default()
+    };
+    let e = Endpoint {
+        qp: &qp,
+        cq: &cq,
+        mr: &mr,
+        remote: monel_verbs::cm::BufferInfo {
+            addr: theirs.vaddr,
+            rkey: monel_verbs::RKey(theirs.rkey),
+            len: size as u64,
+        },
+    };
+    if r.test == Test::SendBw {
+        // send_bw: one handshake, then one per QP, then the receives, one more, the run.
+        oob.hand_shake(&mine).map_err(err)?;
+        oob.hand_shake(&mine).map_err(err)?;
+        println!("{line}\n{}", BwReport::HEADER);
+        let rep = if client {
+            oob.hand_shake(&mine).map_err(err)?;
+            perf::bw_client(&e, r.test, &o)?
+        } else {
+            let posted = post_recvs(&e, size, RX_DEPTH.min(iters))?;
+            oob.hand_shake(&mine).map_err(err)?;
+            recv_run(&e, size, iters, posted)?
+        };
+        println!("{}", row(&numbers(&rep)));
+        println!("{line}");
+        oob.close(&mine).map_err(err)?;
+        return Ok(());
+    }
+    // write_bw, read_bw, atomic_bw: two more handshakes; the server waits for the client's
+    // run and prints the client's report.
+    oob.hand_shake(&mine).map_err(err)?;
+    oob.hand_shake(&mine).map_err(err)?;
+    println!("{line}\n{}", BwReport::HEADER);
+    if client {
+        let rep = perf::bw_client(&e, r.test, &o)?;
+        println!("{}", row(&numbers(&rep)));
+        println!("{line}");
+        oob.hand_shake(&mine).map_err(err)?;
+        oob.bw_reports(&numbers(&rep)).map_err(err)?;
+    } else {
+        oob.hand_shake(&mine).map_err(err)?;
+        let theirs = oob.bw_reports(&BwNumbers::default()).map_err(err)?;
+        println!("{}", row(&theirs));
+        println!("{line}");
+    }
+    oob.close(&mine).map_err(err)?;
+    Ok(())
+}
+
+/// Posts `n` receives of `size` bytes; returns `n`.
+fn post_recvs(e: &Endpoint<'_>, size: usize, n: u32) -> anyhow::Result<u32> {
+    for i in 0..n {
+        e.qp.post_recv(RecvWr {
+            wr_id: u64::from(i),
+            sg_list: vec![e.mr.sge(0, size)],
+        })?;
+    }
+    Ok(n)
+}
+
+/// `send-bw` server: counts `iters` receives, reposting while more are due; the clock runs
+/// from the first arrival.
+fn recv_run(
+    e: &Endpoint<'_>,
+    size: usize,
+    iters: u32,
+    mut posted: u32,
+) -> anyhow::Result<BwReport> {
+    let (mut got, mut start) = (0u32, None);
+    let mut wcs = Vec::new();
+    let mut last = Instant::now();
+    while got < iters {
+        wcs.clear();
+        if e.cq.poll_into(64, &mut wcs) == 0 {
+            e.cq.wait(Duration::from_millis(50));
+            if last.elapsed() > Duration::from_secs(30) {
+                bail!("send-bw: {got} of {iters} messages arrived, then none for 30 s");
+            }
+            continue;
+        }
+        last = Instant::now();
+        for wc in &wcs {
+            if wc.status != WcStatus::Success {
+                bail!("send-bw: receive completed with {:?}", wc.status);
+            }
+            start.get_or_insert_with(Instant::now);
+            got += 1;
+            if posted < iters {
+                post_recvs(e, size, 1)?;
+                posted += 1;
+            }
+        }
+    }
+    let seconds = start.map_or(0.0, |t| t.elapsed().as_secs_f64()).max(1e-9);
+    let avg = f64::from(got) * size as f64 / seconds / f64::from(1 << 20);
+    Ok(BwReport {
+        size,
+        iters: u64::from(got),
+        seconds,
+        peak_mbs: avg,
+    })
+}
