@@ -1,7 +1,8 @@
-//! `monel perf TEST --perftest`: the bandwidth tests with perftest's own exchange, so
-//! `ib_write_bw`, `ib_read_bw`, `ib_send_bw` and `ib_atomic_bw` (run with the same `-s`,
-//! `-n` and `-p` as Monel) meet Monel as server or client, on the soft RNIC or a kernel RDMA
-//! device. The report is perftest's, column for column. The exchange is perftest's:
+//! `monel perf TEST --perftest`: the tests with perftest's own exchange, so `ib_write_bw`,
+//! `ib_read_bw`, `ib_send_bw`, `ib_atomic_bw`, `ib_write_lat`, `ib_read_lat` and
+//! `ib_send_lat` (run with the same `-s`, `-n` and `-p` as Monel) meet Monel as server or
+//! client, on the soft RNIC or a kernel RDMA device. The report is perftest's, column for
+//! column. The exchange is perftest's:
 //! unauthenticated, so a job secret refuses it.
 
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -10,10 +11,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use monel_verbs::{
     AccessFlags, ConnectParams, Context, ContextConfig, Device, Mtu, QpCap, QpInitAttr, QpType,
-    RecvWr, RemoteQp, WcStatus,
+    RecvWr, RemoteAddr, RemoteQp, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use crate::tools::perf::{self, BwReport, Endpoint, PerfOptions, Test};
+use crate::tools::perf::{self, BwReport, Endpoint, LatReport, PerfOptions, Test};
 use crate::tools::perftest_oob::{BwNumbers, Keys, Oob};
 
 /// Receives the server keeps posted for `send-bw` (perftest's default `--rx-depth`).
@@ -96,10 +97,8 @@ pub(crate) fn run(r: &Run<'_>) -> anyhow::Result<()> {
              (and --secret-file) to meet perftest's tools"
         );
     }
-    if !r.test.is_bw() {
-        bail!(
-            "--perftest: the latency tests speak Monel's exchange only; use write-bw, read-bw, send-bw or atomic-bw"
-        );
+    if r.test == Test::AtomicLat {
+        bail!("--perftest: atomic-lat speaks Monel's exchange only");
     }
     let dev = Device::from_arg(r.device)?;
     let gid_index = dev
@@ -108,10 +107,10 @@ pub(crate) fn run(r: &Run<'_>) -> anyhow::Result<()> {
     let gid = dev.gid(gid_index)?.gid;
     let want = Mtu::from_bytes(r.mtu).with_context(|| format!("-m {}: not an IB MTU", r.mtu))?;
     let mtu_code = want.min(dev.port_attr().active_mtu) as u8;
-    let size = if r.test == Test::AtomicBw {
-        8
-    } else {
-        r.size.unwrap_or(65536)
+    let size = match r.test {
+        Test::AtomicBw => 8,
+        t if t.is_bw() => r.size.unwrap_or(65536),
+        _ => r.size.unwrap_or(2).max(1),
     };
     let iters = r
         .iters
@@ -173,6 +172,10 @@ pub(crate) fn run(r: &Run<'_>) -> anyhow::Result<()> {
     };
     let err = anyhow::Error::msg;
     let theirs = oob.hand_shake(&mine).map_err(err)?;
+    if matches!(r.test, Test::WriteLat | Test::ReadLat) {
+        // write_lat and read_lat shake hands twice before connecting.
+        oob.hand_shake(&mine).map_err(err)?;
+    }
     if theirs.gid.to_ip().is_ipv4() != gid.to_ip().is_ipv4() {
         bail!("perftest peer's GID {} is of another IP family", theirs.gid);
     }
@@ -237,6 +240,9 @@ pub(crate) fn run(r: &Run<'_>) -> anyhow::Result<()> {
             len: size as u64,
         },
     };
+    if !r.test.is_bw() {
+        return latency(r.test, oob, &mine, &e, size, iters, client, &line);
+    }
     if r.test == Test::SendBw {
         // send_bw: one handshake, then one per QP, then the receives, one more, the run.
         oob.hand_shake(&mine).map_err(err)?;
@@ -274,6 +280,249 @@ pub(crate) fn run(r: &Run<'_>) -> anyhow::Result<()> {
     }
     oob.close(&mine).map_err(err)?;
     Ok(())
+}
+
+/// The latency tests: their handshakes, the ping-pong (WRITE, SEND) or the client's lone
+/// READs, and perftest's latency row.
+#[allow(clippy::too_many_arguments)]
+fn latency(
+    test: Test,
+    mut oob: Oob,
+    mine: &Keys,
+    e: &Endpoint<'_>,
+    size: usize,
+    iters: u32,
+    client: bool,
+    line: &str,
+) -> anyhow::Result<()> {
+    let err = anyhow::Error::msg;
+    let header = || println!("{line}\n{} ", LatReport::HEADER);
+    match test {
+        Test::WriteLat => {
+            oob.hand_shake(mine).map_err(err)?;
+            oob.hand_shake(mine).map_err(err)?;
+            header();
+            let posts = write_pingpong(e, size, iters, !client)?;
+            println!("{}", lat_row(size, iters, &posts, 2.0));
+            println!("{line}");
+            // write_lat ends without a closing exchange.
+            Ok(())
+        }
+        Test::ReadLat => {
+            oob.hand_shake(mine).map_err(err)?;
+            oob.hand_shake(mine).map_err(err)?;
+            if client {
+                header();
+                let posts = reads(e, size, iters)?;
+                println!("{}", lat_row(size, iters, &posts, 1.0));
+                println!("{line}");
+            }
+            oob.close(mine).map_err(err)
+        }
+        _ => {
+            // send_lat: two handshakes, then one more once both sides' receives are posted.
+            oob.hand_shake(mine).map_err(err)?;
+            oob.hand_shake(mine).map_err(err)?;
+            let posted = post_recvs(e, size, RX_DEPTH.min(iters))?;
+            oob.hand_shake(mine).map_err(err)?;
+            header();
+            let posts = send_pingpong(e, size, iters, client, posted)?;
+            println!("{}", lat_row(size, iters, &posts, 2.0));
+            println!("{line}");
+            oob.close(mine).map_err(err)
+        }
+    }
+}
+
+const STALL: Duration = Duration::from_secs(30);
+
+/// write_lat: each side WRITEs `size` bytes into the peer's half, the last byte counting;
+/// it waits for the peer's count in its own half before the next. The server sends first.
+/// Returns the post times.
+fn write_pingpong(
+    e: &Endpoint<'_>,
+    size: usize,
+    iters: u32,
+    server: bool,
+) -> anyhow::Result<Vec<Instant>> {
+    let half = e.mr.len() / 2;
+    let (post_at, poll_at) = (size - 1, half + size - 1);
+    let (mut scnt, mut rcnt) = (0u32, 0u32);
+    let mut posts = Vec::with_capacity(iters as usize);
+    let mut wcs = Vec::new();
+    while scnt < iters || rcnt < iters {
+        if rcnt < iters && !(scnt < 1 && server) {
+            rcnt += 1;
+            let t = Instant::now();
+            while e.mr.with(|b| b[poll_at]) != rcnt as u8 {
+                if t.elapsed() > STALL {
+                    bail!("write-lat: message {rcnt} never arrived");
+                }
+                std::thread::yield_now();
+            }
+        }
+        if scnt < iters {
+            posts.push(Instant::now());
+            scnt += 1;
+            e.mr.write(post_at, &[scnt as u8])?;
+            e.qp.post_send(SendWr {
+                wr_id: u64::from(scnt),
+                op: SendOp::Write(RemoteAddr {
+                    addr: e.remote.addr,
+                    rkey: e.remote.rkey,
+                }),
+                sg_list: vec![e.mr.sge(0, size)],
+                flags: SendFlags {
+                    signaled: true,
+                    ..SendFlags::default()
+                },
+            })?;
+            wait_one(e, &mut wcs, "write-lat")?;
+        }
+    }
+    Ok(posts)
+}
+
+/// read_lat (client): one READ at a time. Returns the post times.
+fn reads(e: &Endpoint<'_>, size: usize, iters: u32) -> anyhow::Result<Vec<Instant>> {
+    let mut posts = Vec::with_capacity(iters as usize);
+    let mut wcs = Vec::new();
+    for i in 0..iters {
+        posts.push(Instant::now());
+        e.qp.post_send(SendWr {
+            wr_id: u64::from(i),
+            op: SendOp::Read(RemoteAddr {
+                addr: e.remote.addr,
+                rkey: e.remote.rkey,
+            }),
+            sg_list: vec![e.mr.sge(0, size)],
+            flags: SendFlags {
+                signaled: true,
+                ..SendFlags::default()
+            },
+        })?;
+        wait_one(e, &mut wcs, "read-lat")?;
+    }
+    Ok(posts)
+}
+
+/// send_lat: the server waits for a message before each SEND, the client sends first; sends
+/// are signaled every 100th and at the last (perftest's `--cq-mod`). Returns the post times.
+fn send_pingpong(
+    e: &Endpoint<'_>,
+    size: usize,
+    iters: u32,
+    client: bool,
+    mut posted: u32,
+) -> anyhow::Result<Vec<Instant>> {
+    let (mut scnt, mut rcnt) = (0u32, 0u32);
+    let mut posts = Vec::with_capacity(iters as usize);
+    let mut wcs: Vec<WorkCompletion> = Vec::new();
+    let mut pending_send = false;
+    while scnt < iters || rcnt < iters {
+        if rcnt < iters && !(scnt < 1 && client) {
+            let t = Instant::now();
+            let mut got = false;
+            while !got {
+                wcs.clear();
+                if e.cq.poll_into(16, &mut wcs) == 0 {
+                    e.cq.wait(Duration::from_millis(20));
+                }
+                for wc in &wcs {
+                    if wc.status != WcStatus::Success {
+                        bail!("send-lat: completion {:?}", wc.status);
+                    }
+                    if wc.opcode == WcOpcode::Recv {
+                        rcnt += 1;
+                        got = true;
+                        if posted < iters {
+                            post_recvs(e, size, 1)?;
+                            posted += 1;
+                        }
+                    } else {
+                        pending_send = false;
+                    }
+                }
+                if t.elapsed() > STALL {
+                    bail!("send-lat: message {} never arrived", rcnt + 1);
+                }
+            }
+        }
+        if scnt < iters {
+            posts.push(Instant::now());
+            scnt += 1;
+            let signaled = scnt % 100 == 0 || scnt == iters;
+            e.qp.post_send(SendWr {
+                wr_id: u64::from(scnt),
+                op: SendOp::Send,
+                sg_list: vec![e.mr.sge(0, size)],
+                flags: SendFlags {
+                    signaled,
+                    ..SendFlags::default()
+                },
+            })?;
+            pending_send |= signaled;
+        }
+    }
+    // The last signaled send's completion.
+    let t = Instant::now();
+    while pending_send && t.elapsed() < STALL {
+        wcs.clear();
+        if e.cq.poll_into(16, &mut wcs) == 0 {
+            e.cq.wait(Duration::from_millis(20));
+        }
+        pending_send &= !wcs.iter().any(|w| w.opcode == WcOpcode::Send);
+    }
+    Ok(posts)
+}
+
+/// Waits for one send completion, which must be a success.
+fn wait_one(e: &Endpoint<'_>, wcs: &mut Vec<WorkCompletion>, what: &str) -> anyhow::Result<()> {
+    let t = Instant::now();
+    loop {
+        wcs.clear();
+        if e.cq.poll_into(1, wcs) == 1 {
+            if wcs[0].status != WcStatus::Success {
+                bail!("{what}: completion {:?}", wcs[0].status);
+            }
+            return Ok(());
+        }
+        if t.elapsed() > STALL {
+            bail!("{what}: no completion for {STALL:?}");
+        }
+        e.cq.wait(Duration::from_millis(20));
+    }
+}
+
+/// perftest's latency row (`REPORT_FMT_LAT`) from the post times: the gaps between
+/// consecutive posts over `rtt_factor` (2 for ping-pongs: one way), sorted, the two largest
+/// left out; t_typical is the median.
+fn lat_row(size: usize, iters: u32, posts: &[Instant], rtt_factor: f64) -> String {
+    let mut d: Vec<f64> = posts
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64() * 1e6 / rtt_factor)
+        .collect();
+    d.sort_by(f64::total_cmp);
+    d.truncate(d.len().saturating_sub(2).max(1.min(d.len())));
+    let n = d.len();
+    if n == 0 {
+        return format!(" {size:<7} {iters}          (too few iterations)");
+    }
+    let median = if n % 2 == 0 {
+        (d[n / 2] + d[n / 2 - 1]) / 2.0
+    } else {
+        d[n / 2]
+    };
+    let avg = d.iter().sum::<f64>() / n as f64;
+    let sd = (d.iter().map(|x| (x - avg).powi(2)).sum::<f64>() / n as f64).sqrt();
+    let pct = |p: f64| d[((n as f64 * p).ceil() as usize).clamp(1, n) - 1];
+    format!(
+        " {size:<7} {iters}          {:<7.2}        {:<7.2}      {median:<7.2}  \t       {avg:<7.2}     \t{sd:<7.2}\t\t{:<7.2} \t\t{:<7.2}",
+        d[0],
+        d[n - 1],
+        pct(0.99),
+        pct(0.999)
+    )
 }
 
 /// Posts `n` receives of `size` bytes; returns `n`.

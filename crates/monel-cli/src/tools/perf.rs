@@ -170,8 +170,9 @@ impl LatReport {
         let n = self.samples.len() as f64;
         let avg = self.samples.iter().sum::<f64>() / n;
         let sd = (self.samples.iter().map(|x| (x - avg).powi(2)).sum::<f64>() / n).sqrt();
+        // perftest's REPORT_FMT_LAT.
         format!(
-            " {:<7} {:<10}   {:<14.2} {:<12.2} {:<16.2} {:<14.2} {:<15.2} {:<22.2} {:.2}",
+            " {:<7} {}          {:<7.2}        {:<7.2}      {:<7.2}  \t       {:<7.2}     \t{:<7.2}\t\t{:<7.2} \t\t{:<7.2}",
             self.size,
             self.samples.len(),
             self.samples.first().copied().unwrap_or(f64::NAN),
