@@ -187,7 +187,8 @@ impl PyDevice {
     }
 }
 
-/// Every soft RoCE device of this host (one per IP interface with an address).
+/// Every RDMA device of this host: the kernel's RoCE ports (through rdma-core), then one
+/// soft device per IP interface with an address.
 #[pyfunction]
 pub fn device_list() -> PyResult<Vec<PyDevice>> {
     Ok(monel_verbs::devices()

@@ -172,6 +172,7 @@ if "$monel" dump -q "$pcap"; then echo "PASS dump"; else echo "FAIL dump"; fail=
 echo "== D: monel doctor in the VM (rxe0, a device with GIDs) and on the host (no RDMA device)"
 if r=$("$here/run.sh" -M 9000 -T 300 -l "$out/vm-d.log" -b "$monel" -c "monel doctor && monel doctor --json > /tmp/j && grep -c verdict /tmp/j" 2>&1) &&
   echo "$r" | grep -qE "^ok +devices +rxe0 port 1 \(ACTIVE, LinkUp, Ethernet\): GID [0-9]+ RoCE v2 10\.77\.0\.2 on eth0" &&
+  echo "$r" | grep -qE "^ok +rdma-core +Monel opens rxe0 through libibverbs" &&
   echo "$r" | grep -q "a job would run here"; then
   echo "PASS D vm: $(echo "$r" | grep -E '^ok +devices')"
 else

@@ -110,14 +110,53 @@ fn providers(out: &mut Vec<Check>, devs: &[sysfs::SysDevice]) {
         }
     }
     if !devs.is_empty() {
-        out.push(check(
-            "hw provider",
+        out.push(open_check());
+    }
+}
+
+/// Opens the first kernel RDMA port through libibverbs (context, PD, CQ), as a job would.
+fn open_check() -> Check {
+    let listed = match monel_verbs::rdma_core::device::list() {
+        Ok(l) => l,
+        Err(e) => {
+            return check(
+                "rdma-core",
+                Verdict::Warn,
+                format!("the kernel's RDMA devices cannot be listed: {e}"),
+                Some("install rdma-core's libibverbs1 and ibverbs-providers"),
+            );
+        }
+    };
+    let Some(d) = listed.first() else {
+        return check(
+            "rdma-core",
             Verdict::Warn,
-            "Monel's verbs open the soft RNIC on every device; driving the kernel's RDMA \
-             devices directly is not supported yet"
+            "no RoCE port among the kernel's RDMA devices (InfiniBand ports are not driven yet)"
                 .into(),
             None,
-        ));
+        );
+    };
+    let opened = monel_verbs::Context::open(d, monel_verbs::ContextConfig::default())
+        .and_then(|c| {
+            let _pd = c.alloc_pd();
+            c.create_cq(16).map(|_| ())
+        });
+    match opened {
+        Ok(()) => check(
+            "rdma-core",
+            Verdict::Ok,
+            format!(
+                "Monel opens {} through libibverbs (context, PD, CQ); collectives between hosts use it",
+                d.name
+            ),
+            None,
+        ),
+        Err(e) => check(
+            "rdma-core",
+            Verdict::Fail,
+            format!("{} does not open through libibverbs: {e}", d.name),
+            Some("check /dev/infiniband permissions and the device's driver (ibv_devinfo)"),
+        ),
     }
 }
 
@@ -208,7 +247,7 @@ fn rdma_devices(out: &mut Vec<Check>, devs: &[sysfs::SysDevice]) {
 }
 
 fn soft_rnic(out: &mut Vec<Check>) {
-    match monel_verbs::devices() {
+    match monel_verbs::soft_devices() {
         Ok(ds) => {
             let up: Vec<String> = ds
                 .iter()
@@ -344,7 +383,7 @@ fn bootstrap(out: &mut Vec<Check>) {
     };
     match monel_verbs::route_source(addr).ok() {
         Some(ip) => {
-            let ifname = monel_verbs::devices()
+            let ifname = monel_verbs::soft_devices()
                 .ok()
                 .and_then(|ds| {
                     ds.into_iter()
