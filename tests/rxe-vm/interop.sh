@@ -195,6 +195,7 @@ for l in sys.stdin:
 cp "$vtest" "$out/rdma_core_tests"
 fsizes=${RXEVM_HW_SIZES:-"1 4096 65536"}
 colls="all_reduce broadcast reduce all_gather reduce_scatter alltoall gather scatter"
+ftests="write-bw read-bw send-bw write-lat read-lat send-lat atomic-lat"
 cat > "$out/hw.sh" <<VM
 set -u
 echo "RUN verbs"; rdma_core_tests --ignored 2>&1 | grep -E "^test |test result" || exit 1
@@ -207,6 +208,15 @@ for m in $mtus; do for s in $fsizes; do
     grep -q "onnect" /tmp/o || { cat /tmp/o; exit 1; }; n=\$((n+1)); [ \$n -lt 100 ] || exit 1; sleep 0.3
   done; cat /tmp/o
 done; done
+for t in $ftests; do
+  echo "RUN perf srv \$t"; timeout 60 monel perf \$t -d rxe0 -n $iters -s 4096 | grep -A1 "#bytes" || exit 1
+done
+for t in $ftests; do
+  echo "RUN perf cli \$t"; n=0
+  until timeout 60 monel perf \$t -d rxe0 -n $iters -s 4096 10.77.0.1 > /tmp/o 2>&1; do
+    grep -q "onnect" /tmp/o || { cat /tmp/o; exit 1; }; n=\$((n+1)); [ \$n -lt 100 ] || exit 1; sleep 0.3
+  done; grep -A1 "#bytes" /tmp/o
+done
 for s in $fsizes; do
   echo "RUN monel-srv/ibv-cli s=\$s"
   monel pingpong -d rxe0 -g \$RXE_GID_IDX -m 4096 -s \$s -n $iters -c --timeout 60 > /tmp/s 2>&1 & sp=\$!
@@ -247,6 +257,17 @@ for m in $mtus; do for s in $fsizes; do
     echo "PASS F host-server (VM rdma-core client) m=$m s=$s: $(summary "$r")"
   else
     echo "FAIL F host-server m=$m s=$s: $r"; fail=1
+  fi
+done; done
+# Then monel perf: the host's soft RNIC the client of every test, then the server.
+for role in client server; do for t in $ftests; do
+  kill -0 $vm 2>/dev/null || { echo "FAIL F: the VM side stopped early"; fail=1; break 2; }
+  dst=(); [[ $role == client ]] && dst=(10.77.0.2)
+  if r=$(ip netns exec "$NS" timeout 120 "$monel" perf "$t" -d 10.77.0.1 -n "$iters" -s 4096 "${dst[@]}" 2>&1) &&
+    { [[ $role == server ]] || echo "$r" | grep -A1 '#bytes' | tail -1 | grep -qE "^ 4096 "; }; then
+    echo "PASS F host-$role perf $t (VM rdma-core): $(echo "$r" | grep -A1 '#bytes' | tail -1 | tr -s ' \t' ' ')"
+  else
+    echo "FAIL F host-$role perf $t: $r"; fail=1
   fi
 done; done
 if wait $vm && grep -q "HW DONE" "$out/vm-f.txt"; then

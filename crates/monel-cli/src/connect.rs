@@ -111,6 +111,8 @@ pub(crate) fn open(
         secret,
         auth,
         mtu,
+        // A kernel device's table starts with link-local and RoCE v1 entries.
+        gid_index: dev.ipv4_gid_index().unwrap_or(0),
         timeout: Duration::from_secs(60),
         ..CmConfig::default()
     };

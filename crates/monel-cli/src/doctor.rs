@@ -136,8 +136,8 @@ fn open_check() -> Check {
             None,
         );
     };
-    let opened = monel_verbs::Context::open(d, monel_verbs::ContextConfig::default())
-        .and_then(|c| {
+    let opened =
+        monel_verbs::Context::open(d, monel_verbs::ContextConfig::default()).and_then(|c| {
             let _pd = c.alloc_pd();
             c.create_cq(16).map(|_| ())
         });
