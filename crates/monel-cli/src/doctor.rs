@@ -1,12 +1,18 @@
 //! `monel doctor`: a pre-flight check before a job. Each check ends in a verdict in words
 //! and, where something is wrong, the fix; the exit status says whether a job would run.
 
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
+use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::Args;
 use monel_verbs::hca::{GidPolicy, HcaFilter, choose_gid, lookup};
 use monel_verbs::rdma_core::{loader::Libibverbs, sysfs};
+use monel_verbs::{Context, ContextConfig, Device, Mtu, soft_devices};
 use serde::Serialize;
+
+use crate::tools::pingpong::{self, Options, Role};
 
 /// Arguments of `monel doctor`.
 #[derive(Debug, Args)]
@@ -24,6 +30,21 @@ pub(crate) struct DoctorArgs {
     /// Print the checks as JSON.
     #[arg(long)]
     json: bool,
+    /// Peers to RDMA-ping through the path a job would take (comma list of addresses);
+    /// each must run `monel doctor --serve`.
+    #[arg(long, value_delimiter = ',', value_name = "ADDR,...")]
+    peers: Vec<IpAddr>,
+    /// Answer other hosts' `--peers` pings (this many, then exit; 0: until stopped) instead
+    /// of checking this host.
+    #[arg(long, value_name = "COUNT", num_args = 0..=1, default_missing_value = "0")]
+    serve: Option<u32>,
+    /// The device to ping from or serve on (an address or a device name); default: the
+    /// first kernel RDMA port that is up, else the soft RNIC on the address towards the peer.
+    #[arg(short = 'd', long)]
+    device: Option<String>,
+    /// TCP port of the pings' exchange.
+    #[arg(long, default_value_t = 18515)]
+    port: u16,
 }
 
 /// How a check came out.
@@ -136,11 +157,10 @@ fn open_check() -> Check {
             None,
         );
     };
-    let opened =
-        monel_verbs::Context::open(d, monel_verbs::ContextConfig::default()).and_then(|c| {
-            let _pd = c.alloc_pd();
-            c.create_cq(16).map(|_| ())
-        });
+    let opened = Context::open(d, ContextConfig::default()).and_then(|c| {
+        let _pd = c.alloc_pd();
+        c.create_cq(16).map(|_| ())
+    });
     match opened {
         Ok(()) => check(
             "rdma-core",
@@ -247,7 +267,7 @@ fn rdma_devices(out: &mut Vec<Check>, devs: &[sysfs::SysDevice]) {
 }
 
 fn soft_rnic(out: &mut Vec<Check>) {
-    match monel_verbs::soft_devices() {
+    match soft_devices() {
         Ok(ds) => {
             let up: Vec<String> = ds
                 .iter()
@@ -383,7 +403,7 @@ fn bootstrap(out: &mut Vec<Check>) {
     };
     match monel_verbs::route_source(addr).ok() {
         Some(ip) => {
-            let ifname = monel_verbs::soft_devices()
+            let ifname = soft_devices()
                 .ok()
                 .and_then(|ds| {
                     ds.into_iter()
@@ -408,7 +428,116 @@ fn bootstrap(out: &mut Vec<Check>) {
     }
 }
 
+/// What an RDMA ping is: rc_pingpong's exchange, few small messages, a path MTU every
+/// device has; both sides use the same.
+fn ping_options(port: u16, gid_index: u8) -> Options {
+    Options {
+        port,
+        size: 4096,
+        mtu: Mtu::Mtu1024,
+        rx_depth: 16,
+        iters: 10,
+        gid_index,
+        validate: true,
+        timeout: Duration::from_secs(5),
+        ud: false,
+    }
+}
+
+/// The device a job would use towards `peer` (or the one named), and its GID index.
+fn ping_device(named: Option<&str>, peer: Option<IpAddr>) -> anyhow::Result<(Device, u8)> {
+    let dev = match (named, peer) {
+        (Some(n), _) => Device::from_arg(n)?,
+        (None, peer) => {
+            let hw = monel_verbs::rdma_core::device::list()
+                .unwrap_or_default()
+                .into_iter()
+                .find(|d| d.up && d.ipv4_gid_index().is_some());
+            match (hw, peer) {
+                (Some(d), _) => d,
+                (None, Some(p)) => Device::bind(monel_verbs::route_source(SocketAddr::new(p, 9))?)?,
+                (None, None) => soft_devices()?
+                    .into_iter()
+                    .find(|d| d.ifname != "lo" && d.ipv4_gid_index().is_some())
+                    .context("no device with an IPv4 address: name one with -d")?,
+            }
+        }
+    };
+    let g = dev
+        .ipv4_gid_index()
+        .context("the device has no IPv4 RoCE v2 GID")?;
+    Ok((dev, g))
+}
+
+/// One RDMA ping of `peer`: ten 4 KiB round trips through the path a job would take.
+fn ping(a: &DoctorArgs, peer: IpAddr) -> Check {
+    let go = || -> anyhow::Result<String> {
+        let (dev, g) = ping_device(a.device.as_deref(), Some(peer))?;
+        let ctx = Context::open(&dev, ContextConfig::default())?;
+        let r = pingpong::run(
+            &ctx,
+            &Role::Client { server: peer },
+            &ping_options(a.port, g),
+        )?;
+        Ok(format!(
+            "{peer}: {} RDMA round trips of 4 KiB, {:.0} us each, from {} GID {g} ({}), every byte checked",
+            r.iters,
+            r.seconds * 1e6 / f64::from(r.iters),
+            dev.name,
+            dev.gid(g)?.gid.to_ip()
+        ))
+    };
+    match go() {
+        Ok(detail) => check("peer", Verdict::Ok, detail, None),
+        Err(e) => check(
+            "peer",
+            Verdict::Fail,
+            format!("{peer}: {e:#}"),
+            Some(
+                "run `monel doctor --serve` there; TCP port --port (18515) and UDP 4791 must \
+                 pass between the hosts",
+            ),
+        ),
+    }
+}
+
+/// `--serve`: answers `count` pings (0: until stopped), each on a fresh QP.
+fn serve(a: &DoctorArgs, count: u32) -> anyhow::Result<()> {
+    let (dev, g) = ping_device(a.device.as_deref(), None)?;
+    let ctx = Context::open(&dev, ContextConfig::default())?;
+    let ip = dev.gid(g)?.gid.to_ip();
+    println!(
+        "answering RDMA pings on {} GID {g} ({ip}), TCP port {}",
+        dev.name, a.port
+    );
+    let bind = if ip.is_ipv4() {
+        IpAddr::from([0, 0, 0, 0])
+    } else {
+        IpAddr::from([0u16; 8])
+    };
+    let o = Options {
+        timeout: Duration::from_secs(3600),
+        ..ping_options(a.port, g)
+    };
+    let mut served = 0;
+    while count == 0 || served < count {
+        match pingpong::run(&ctx, &Role::Server { bind }, &o) {
+            Ok(r) => println!(
+                "ping answered: {} round trips, {:.0} us each",
+                r.iters,
+                r.seconds * 1e6 / f64::from(r.iters)
+            ),
+            Err(e) => println!("ping failed: {e}"),
+        }
+        served += 1;
+    }
+    Ok(())
+}
+
 pub(crate) fn run(a: &DoctorArgs) -> anyhow::Result<()> {
+    if let Some(count) = a.serve {
+        return serve(a, count);
+    }
     let devs = sysfs::scan(Path::new(&a.sysfs)).unwrap_or_default();
     let mut out = Vec::new();
     providers(&mut out, &devs);
@@ -417,6 +546,9 @@ pub(crate) fn run(a: &DoctorArgs) -> anyhow::Result<()> {
     locked_memory(&mut out, a);
     shared_memory(&mut out, a);
     bootstrap(&mut out);
+    for &peer in &a.peers {
+        out.push(ping(a, peer));
+    }
     let fails = out.iter().filter(|c| c.verdict == Verdict::Fail).count();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&out)?);

@@ -602,3 +602,57 @@ fn srq_pingpong_between_two_processes_checks_data() {
     let (code, sout) = finish(srv);
     assert_eq!(code, 0, "{sout}");
 }
+
+/// `monel doctor --peers` RDMA-pings each peer through the path a job would take: a peer
+/// running `monel doctor --serve` answers (ten checked round trips), one that runs nothing
+/// fails the doctor, naming the peer and the fix.
+#[test]
+fn doctor_pings_its_peers_over_rdma() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_monel"))
+        .args([
+            "doctor",
+            "--serve",
+            "1",
+            "-d",
+            "127.0.78.2",
+            "--port",
+            &port,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (code, out) = doctor(
+        &[
+            "-d",
+            "127.0.78.3",
+            "--port",
+            &port,
+            "--peers",
+            "127.0.78.2,127.0.78.9",
+        ],
+        &[],
+    );
+    let served = server.wait_with_output().unwrap();
+    let sout = String::from_utf8_lossy(&served.stdout);
+    assert!(
+        out.contains("ok    peer           127.0.78.2: 10 RDMA round trips of 4 KiB"),
+        "{out}"
+    );
+    assert!(out.contains("every byte checked"), "{out}");
+    assert!(out.contains("FAIL  peer           127.0.78.9:"), "{out}");
+    assert!(
+        out.contains("fix: run `monel doctor --serve` there"),
+        "{out}"
+    );
+    assert_eq!(
+        code, 1,
+        "a peer that does not answer fails the doctor: {out}"
+    );
+    assert!(sout.contains("ping answered: 10 round trips"), "{sout}");
+}
