@@ -170,14 +170,20 @@ kill $tcpd; wait $tcpd 2>/dev/null || true
 echo "== ICRC of every captured packet"
 if "$monel" dump -q "$pcap"; then echo "PASS dump"; else echo "FAIL dump"; fail=1; fi
 echo "== D: monel doctor in the VM (rxe0, a device with GIDs) and on the host (no RDMA device)"
-if r=$("$here/run.sh" -M 9000 -T 300 -l "$out/vm-d.log" -b "$monel" -c "monel doctor && monel doctor --json > /tmp/j && grep -c verdict /tmp/j" 2>&1) &&
+# The host's soft RNIC answers one RDMA ping of the VM's doctor (`--peers`, from rxe0).
+ip netns exec "$NS" timeout 120 "$monel" doctor --serve 1 -d 10.77.0.1 > "$out/doctor-serve.txt" 2>&1 &
+dserve=$!
+if r=$("$here/run.sh" -M 9000 -T 300 -l "$out/vm-d.log" -b "$monel" -c "monel doctor --peers 10.77.0.1 && monel doctor --json > /tmp/j && grep -c verdict /tmp/j" 2>&1) &&
   echo "$r" | grep -qE "^ok +devices +rxe0 port 1 \(ACTIVE, LinkUp, Ethernet\): GID [0-9]+ RoCE v2 10\.77\.0\.2 on eth0" &&
+  echo "$r" | grep -qE "^ok +peer +10\.77\.0\.1: 10 RDMA round trips of 4 KiB, .* from rxe0 GID" &&
   echo "$r" | grep -qE "^ok +rdma-core +Monel opens rxe0 through libibverbs" &&
   echo "$r" | grep -q "a job would run here"; then
   echo "PASS D vm: $(echo "$r" | grep -E '^ok +devices')"
+  echo "PASS D vm: $(echo "$r" | grep -E '^ok +peer')"
 else
   echo "FAIL D vm: $r"; fail=1
 fi
+wait $dserve || { echo "FAIL D: the host answered no ping: $(cat "$out/doctor-serve.txt")"; fail=1; }
 if r=$("$monel" doctor 2>&1) && echo "$r" | grep -qE "^ok +devices +no RDMA device"; then
   echo "PASS D host: $(echo "$r" | grep -E '^ok +providers')"
 else

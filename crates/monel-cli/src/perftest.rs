@@ -365,22 +365,32 @@ fn write_pingpong(
             posts.push(Instant::now());
             scnt += 1;
             e.mr.write(post_at, &[scnt as u8])?;
-            e.qp.post_send(SendWr {
-                wr_id: u64::from(scnt),
-                op: SendOp::Write(RemoteAddr {
-                    addr: e.remote.addr,
-                    rkey: e.remote.rkey,
-                }),
-                sg_list: vec![e.mr.sge(0, size)],
-                flags: SendFlags {
-                    signaled: true,
-                    ..SendFlags::default()
-                },
-            })?;
+            post_signaled(e, u64::from(scnt), SendOp::Write(remote(e)), size)?;
             wait_one(e, &mut wcs, "write-lat")?;
         }
     }
     Ok(posts)
+}
+
+/// The peer's half.
+fn remote(e: &Endpoint<'_>) -> RemoteAddr {
+    RemoteAddr {
+        addr: e.remote.addr,
+        rkey: e.remote.rkey,
+    }
+}
+
+/// Posts one signaled `op` of `size` bytes from the start of this side's half.
+fn post_signaled(e: &Endpoint<'_>, wr_id: u64, op: SendOp, size: usize) -> monel_verbs::Result<()> {
+    e.qp.post_send(SendWr {
+        wr_id,
+        op,
+        sg_list: vec![e.mr.sge(0, size)],
+        flags: SendFlags {
+            signaled: true,
+            ..SendFlags::default()
+        },
+    })
 }
 
 /// read_lat (client): one READ at a time. Returns the post times.
@@ -389,18 +399,7 @@ fn reads(e: &Endpoint<'_>, size: usize, iters: u32) -> anyhow::Result<Vec<Instan
     let mut wcs = Vec::new();
     for i in 0..iters {
         posts.push(Instant::now());
-        e.qp.post_send(SendWr {
-            wr_id: u64::from(i),
-            op: SendOp::Read(RemoteAddr {
-                addr: e.remote.addr,
-                rkey: e.remote.rkey,
-            }),
-            sg_list: vec![e.mr.sge(0, size)],
-            flags: SendFlags {
-                signaled: true,
-                ..SendFlags::default()
-            },
-        })?;
+        post_signaled(e, u64::from(i), SendOp::Read(remote(e)), size)?;
         wait_one(e, &mut wcs, "read-lat")?;
     }
     Ok(posts)

@@ -614,7 +614,7 @@ fn doctor_pings_its_peers_over_rdma() {
         .unwrap()
         .port()
         .to_string();
-    let mut server = Command::new(env!("CARGO_BIN_EXE_monel"))
+    let server = Command::new(env!("CARGO_BIN_EXE_monel"))
         .args([
             "doctor",
             "--serve",

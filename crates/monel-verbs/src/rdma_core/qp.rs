@@ -198,6 +198,16 @@ fn fill_op(w: &mut ffi::ibv_send_wr, op: SendOp, flags: SendFlags) {
         });
 }
 
+/// `wr` as an `ibv_send_wr` over the SGE array `sg` of `n` entries.
+fn request(wr: &SendWr, sg: *mut ffi::ibv_sge, n: i32) -> ffi::ibv_send_wr {
+    let mut w = ffi::ibv_send_wr::zeroed();
+    w.wr_id = wr.wr_id;
+    w.sg_list = sg;
+    w.num_sge = n;
+    fill_op(&mut w, wr.op, wr.flags);
+    w
+}
+
 /// A post's return code as Monel's error: a full queue is [`PostError::QueueFull`].
 fn post_error(verb: &'static str, rc: i32) -> VerbsError {
     if rc == libc::ENOMEM {
@@ -441,14 +451,7 @@ impl QpOps for HwQp {
                 "a UD QP sends with post_send_ud",
             ));
         }
-        with_sges(&wr.sg_list, |sg, n| {
-            let mut w = ffi::ibv_send_wr::zeroed();
-            w.wr_id = wr.wr_id;
-            w.sg_list = sg;
-            w.num_sge = n;
-            fill_op(&mut w, wr.op, wr.flags);
-            self.post(&mut w)
-        })
+        with_sges(&wr.sg_list, |sg, n| self.post(&mut request(&wr, sg, n)))
     }
 
     fn post_send_inline(
@@ -515,11 +518,7 @@ impl QpOps for HwQp {
             .downcast_ref::<HwAh>()
             .ok_or_else(|| VerbsError::invalid(V, "an address handle of another device"))?;
         with_sges(&wr.sg_list, |sg, n| {
-            let mut w = ffi::ibv_send_wr::zeroed();
-            w.wr_id = wr.wr_id;
-            w.sg_list = sg;
-            w.num_sge = n;
-            fill_op(&mut w, wr.op, wr.flags);
+            let mut w = request(&wr, sg, n);
             w.wr = ffi::wr_union {
                 ud: ffi::wr_ud {
                     ah: ah.ah,
