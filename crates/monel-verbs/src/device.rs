@@ -2,68 +2,13 @@
 //! the user names. GIDs follow rxe: the IPv6 link-local GID first, then one IPv4-mapped GID
 //! per IPv4 address, then the other IPv6 addresses; all are RoCE v2.
 
-use std::fmt;
 use std::net::IpAddr;
 
 use monel_rc::Mtu;
-use monel_wire::IpAddress;
 
 use crate::error::{ErrorKind, Result, VerbsError};
-use crate::hca::{GidKind, GidSlot};
-
-/// A 16-byte GID.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Gid(pub [u8; 16]);
-
-impl Gid {
-    /// The GID of an IP address (IPv4 becomes `::ffff:a.b.c.d`).
-    pub fn from_ip(ip: IpAddr) -> Self {
-        match ip {
-            IpAddr::V4(a) => Self(IpAddress::V4(a.octets()).to_gid()),
-            IpAddr::V6(a) => Self(a.octets()),
-        }
-    }
-    /// The IP address this GID stands for (rxe's `rdma_gid2ip`).
-    pub fn to_ip(self) -> IpAddr {
-        IpAddress::from_gid(self.0).into()
-    }
-    /// The GID as rdma-core's pingpong puts it on the wire: 32 lowercase hex digits.
-    pub fn to_wire_hex(self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
-    }
-    /// Parses 32 hex digits (the inverse of [`to_wire_hex`](Self::to_wire_hex)).
-    pub fn from_wire_hex(s: &str) -> Option<Self> {
-        if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return None;
-        }
-        let mut g = [0u8; 16];
-        for (i, b) in g.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
-        }
-        Some(Self(g))
-    }
-    /// True if the interface ID (last 8 bytes) is non-zero, i.e. the GID is usable in a GRH.
-    pub fn is_global(self) -> bool {
-        self.0[8..].iter().any(|&b| b != 0)
-    }
-}
-
-impl fmt::Display for Gid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, c) in self.0.chunks(2).enumerate() {
-            if i > 0 {
-                f.write_str(":")?;
-            }
-            write!(f, "{:02x}{:02x}", c[0], c[1])?;
-        }
-        Ok(())
-    }
-}
-impl fmt::Debug for Gid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Gid({self})")
-    }
-}
+pub use crate::gid::Gid;
+use crate::gid::{GidKind, GidSlot};
 
 /// One GID table entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,15 +122,6 @@ fn guid_from(ifname: &str, first: Option<IpAddr>) -> u64 {
     }
 }
 
-/// Lists the devices (`ibv_get_device_list`): each port of the kernel's RDMA devices that
-/// libibverbs can open (none where rdma-core or kernel RDMA is missing), then one soft
-/// device per IP interface that has addresses.
-pub fn devices() -> Result<Vec<Device>> {
-    let mut all = crate::rdma_core::device::list().unwrap_or_default();
-    all.extend(soft_devices()?);
-    Ok(all)
-}
-
 /// One soft device per IP interface that has addresses.
 pub fn soft_devices() -> Result<Vec<Device>> {
     let addrs = nix::ifaddrs::getifaddrs().map_err(|e| VerbsError::io("ibv_get_device_list", e))?;
@@ -280,34 +216,6 @@ impl Device {
         let mut d = build(&ifname, vec![(ip, ifindex)]);
         d.name = format!("monel_{ifname}_{ip}");
         Ok(d)
-    }
-
-    /// A device from a command-line argument: an IP address to bind to, or a device or
-    /// interface name.
-    pub fn from_arg(s: &str) -> Result<Self> {
-        match s.parse::<IpAddr>() {
-            Ok(ip) => Self::bind(ip),
-            Err(_) => Self::by_name(s),
-        }
-    }
-
-    /// Finds a device by name (`rxe0`, `mlx5_0:2`, `monel_lo`), or the soft device of an
-    /// interface (`lo`).
-    pub fn by_name(name: &str) -> Result<Self> {
-        let all = devices()?;
-        if let Some(d) = all.iter().find(|d| d.name == name) {
-            return Ok(d.clone());
-        }
-        let known: Vec<&str> = all.iter().map(|d| d.name.as_str()).collect();
-        all.iter()
-            .find(|d| d.provider == Provider::Soft && d.ifname == name)
-            .cloned()
-            .ok_or_else(|| {
-                VerbsError::new(
-                    "ibv_get_device_list",
-                    ErrorKind::NotFound(format!("{name} (devices: {})", known.join(", "))),
-                )
-            })
     }
 
     /// True for a kernel RDMA device driven through rdma-core.

@@ -5,7 +5,8 @@
 
 use std::net::IpAddr;
 
-use crate::device::Gid;
+use crate::gid::Gid;
+pub use crate::gid::{GidKind, GidSlot};
 
 /// `MONEL_IB_HCA`: which devices (and ports) to use.
 ///
@@ -73,52 +74,6 @@ impl HcaFilter {
     pub fn admits(&self, dev: &str, port: u8) -> bool {
         self.names(dev, port) != self.exclude
     }
-}
-
-/// What kind of address a GID entry is, as the kernel says (`gid_attrs/types`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GidKind {
-    /// InfiniBand (`IB/RoCE v1` on an InfiniBand port).
-    Ib,
-    /// RoCE v1 (`IB/RoCE v1` on an Ethernet port).
-    RoceV1,
-    /// RoCE v2 (`RoCE v2`).
-    RoceV2,
-}
-
-impl GidKind {
-    /// The kernel's words for it on a port whose link layer is `link_layer`.
-    pub fn from_sysfs(text: &str, link_layer: &str) -> Option<Self> {
-        match text.trim() {
-            "RoCE v2" => Some(Self::RoceV2),
-            "IB/RoCE v1" if link_layer.trim().eq_ignore_ascii_case("ethernet") => {
-                Some(Self::RoceV1)
-            }
-            "IB/RoCE v1" => Some(Self::Ib),
-            _ => None,
-        }
-    }
-}
-
-impl std::fmt::Display for GidKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Ib => "IB",
-            Self::RoceV1 => "RoCE v1",
-            Self::RoceV2 => "RoCE v2",
-        })
-    }
-}
-
-/// One entry of a port's GID table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GidSlot {
-    /// Its index (`ibv_query_gid`'s).
-    pub index: u16,
-    /// The GID.
-    pub gid: Gid,
-    /// Its kind.
-    pub kind: GidKind,
 }
 
 /// Address family of a GID (`MONEL_IB_ADDR_FAMILY`: `AF_INET` or `AF_INET6`).

@@ -26,6 +26,7 @@ mod cq;
 pub mod device;
 mod error;
 mod event;
+mod gid;
 #[doc(hidden)]
 pub mod greeter;
 pub mod hca;
@@ -47,7 +48,7 @@ pub use context::Context;
 pub use counters::DeviceCounters;
 pub use cq::CompletionQueue;
 pub use device::{
-    Device, Gid, GidEntry, PortAttr, PortState, Provider, devices, route_source, soft_devices,
+    Device, Gid, GidEntry, PortAttr, PortState, Provider, route_source, soft_devices,
 };
 pub use error::{ErrorKind, Result, VerbsError};
 pub use event::AsyncEvent;
@@ -59,5 +60,6 @@ pub use monel_wire::QKey;
 pub use monel_wire::{LKey, Psn, Qpn, RKey};
 pub use mr::MemoryRegion;
 pub use pd::ProtectionDomain;
+pub use providers::devices;
 pub use qp::{ConnectParams, QpInitAttr, QueuePair, RemoteQp, random_psn};
 pub use srq::SharedReceiveQueue;

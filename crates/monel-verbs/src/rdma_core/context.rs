@@ -10,44 +10,13 @@ use super::cq::HwCq;
 use super::ffi;
 use super::loader::Libibverbs;
 use super::pd::HwPd;
+use super::raw::{RawCtx, set_nonblocking};
 use crate::config::ContextConfig;
 use crate::counters::DeviceCounters;
 use crate::device::{Device, Provider};
 use crate::error::{ErrorKind, Result, VerbsError};
 use crate::event::AsyncEvent;
 use crate::provider::{ContextOps, CqOps, PdOps};
-
-/// An error of `verb` from a libibverbs return code: a positive errno, or -1 with errno set.
-pub(crate) fn os_error(verb: &'static str, rc: i32) -> VerbsError {
-    let e = if rc > 0 {
-        std::io::Error::from_raw_os_error(rc)
-    } else {
-        std::io::Error::last_os_error()
-    };
-    VerbsError::io(verb, e)
-}
-
-/// The context pointer, closed when the last object made from it is gone.
-#[derive(Debug)]
-pub(crate) struct RawCtx {
-    pub(crate) lib: &'static Libibverbs,
-    pub(crate) ctx: *mut ffi::ibv_context,
-    pub(crate) port: u8,
-}
-
-// SAFETY: libibverbs contexts and every object made from them may be used from any thread
-// (rdma-core's providers lock what they share); Monel never hands out the raw pointer.
-unsafe impl Send for RawCtx {}
-// SAFETY: as above.
-unsafe impl Sync for RawCtx {}
-
-impl Drop for RawCtx {
-    fn drop(&mut self) {
-        // SAFETY: opened by `HwContext::open`, closed once, after every object made from it
-        // (each holds an `Arc<RawCtx>`).
-        unsafe { (self.lib.close_device)(self.ctx) };
-    }
-}
 
 /// An open rdma-core device.
 #[derive(Debug)]
@@ -91,17 +60,6 @@ impl HwContext {
             config,
         })
     }
-}
-
-/// Sets `O_NONBLOCK` on a file descriptor libibverbs owns.
-pub(crate) fn set_nonblocking(fd: i32) -> std::io::Result<()> {
-    // SAFETY: fcntl on a descriptor the context keeps open for its whole life.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    // SAFETY: as above.
-    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 impl ContextOps for HwContext {

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use monel_rc::{WcOpcode, WcStatus, WorkCompletion};
 use monel_wire::{Qpn, RKey};
 
-use super::context::{RawCtx, os_error, set_nonblocking};
 use super::ffi;
+use super::raw::{RawCtx, os_error, set_nonblocking};
 use crate::error::Result;
 use crate::provider::CqOps;
 

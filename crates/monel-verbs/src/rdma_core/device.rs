@@ -11,8 +11,8 @@ use monel_rc::Mtu;
 use super::ffi;
 use super::loader::Libibverbs;
 use super::sysfs::{self, SYSFS_ROOT, SysPort};
-use crate::device::{Device, Gid, GidEntry, Provider};
-use crate::hca::GidKind;
+use crate::device::{Device, GidEntry, Provider};
+use crate::gid::{Gid, GidKind};
 
 /// Most GID entries a port's table is read to.
 const MAX_GID_TBL: usize = 1024;

@@ -11,6 +11,7 @@
 //!  ffi: the C ABI of <infiniband/verbs.h>, checked against the header by a test
 //! ```
 
+mod ah;
 mod context;
 pub(crate) mod counters;
 mod cq;
@@ -19,6 +20,7 @@ pub mod ffi;
 pub mod loader;
 mod pd;
 mod qp;
+mod raw;
 mod srq;
 pub mod sysfs;
 

@@ -1,4 +1,4 @@
-//! Protection domains, memory regions and address handles on an rdma-core device.
+//! Protection domains and memory regions on an rdma-core device.
 #![allow(unsafe_code)]
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -6,36 +6,16 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use monel_rc::AccessFlags;
 use monel_wire::{LKey, RKey};
 
-use super::context::{RawCtx, os_error};
+use super::ah::HwAh;
 use super::ffi;
 use super::qp::HwQp;
+use super::raw::{RawCtx, RawPd};
 use super::srq::HwSrq;
 use crate::attr::{AhAttr, SrqAttr};
 use crate::config::ContextConfig;
-use crate::device::{Device, Gid};
+use crate::device::Device;
 use crate::error::{ErrorKind, Result, VerbsError};
 use crate::provider::{AhOps, MrOps, PdOps, QpInit, QpOps, SrqOps};
-
-/// The PD pointer, deallocated after every object made in it.
-#[derive(Debug)]
-pub(crate) struct RawPd {
-    pub(crate) ctx: Arc<RawCtx>,
-    pub(crate) pd: *mut ffi::ibv_pd,
-}
-
-// SAFETY: see `RawCtx`: libibverbs objects may be used from any thread.
-unsafe impl Send for RawPd {}
-// SAFETY: as above.
-unsafe impl Sync for RawPd {}
-
-impl Drop for RawPd {
-    fn drop(&mut self) {
-        if !self.pd.is_null() {
-            // SAFETY: allocated by `HwPd::alloc`, freed once, after every object made in it.
-            unsafe { (self.ctx.lib.dealloc_pd)(self.pd) };
-        }
-    }
-}
 
 /// A protection domain on an rdma-core device.
 #[derive(Debug)]
@@ -175,26 +155,12 @@ impl PdOps for HwPd {
     }
 
     fn create_ah(&self, attr: &AhAttr) -> Result<Arc<dyn AhOps>> {
-        const V: &str = "ibv_create_ah";
-        self.live(V)?;
-        let port = self.raw.ctx.port;
-        let mut a = super::qp::ah_attr(
-            attr.dgid.0,
-            attr.sgid_index,
-            attr.hop_limit,
+        self.live("ibv_create_ah")?;
+        Ok(Arc::new(HwAh::create(
+            &self.raw,
+            attr,
             self.config.traffic_class(),
-            port,
-        );
-        // SAFETY: the PD is live and `a` a complete `ibv_ah_attr`.
-        let ah = unsafe { (self.raw.ctx.lib.create_ah)(self.raw.pd, &mut a) };
-        if ah.is_null() {
-            return Err(os_error(V, -1));
-        }
-        Ok(Arc::new(HwAh {
-            pd: self.raw.clone(),
-            ah,
-            dgid: attr.dgid,
-        }))
+        )?))
     }
 }
 
@@ -261,34 +227,5 @@ impl MrOps for HwMr {
         self.owned
             .as_ref()
             .map(|m| m.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-}
-
-/// An address handle.
-#[derive(Debug)]
-pub(crate) struct HwAh {
-    pd: Arc<RawPd>,
-    pub(crate) ah: *mut ffi::ibv_ah,
-    dgid: Gid,
-}
-
-// SAFETY: see `RawCtx`.
-unsafe impl Send for HwAh {}
-// SAFETY: as above.
-unsafe impl Sync for HwAh {}
-
-impl Drop for HwAh {
-    fn drop(&mut self) {
-        // SAFETY: created by `create_ah`, destroyed once.
-        unsafe { (self.pd.ctx.lib.destroy_ah)(self.ah) };
-    }
-}
-
-impl AhOps for HwAh {
-    fn dgid(&self) -> Gid {
-        self.dgid
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }

@@ -11,10 +11,10 @@ use monel_rc::{
 };
 use monel_wire::{Psn, QKey, Qpn};
 
-use super::context::os_error;
+use super::ah::{HwAh, ah_attr};
 use super::cq::{HwCq, RawCq};
 use super::ffi;
-use super::pd::{HwAh, RawPd};
+use super::raw::{RawPd, os_error};
 use super::srq::{HwSrq, RawSrq};
 use crate::attr::{QpCap, QpType};
 use crate::config::ContextConfig;
@@ -24,28 +24,6 @@ use crate::provider::{AhOps, QpInit, QpOps};
 
 /// SGEs built on the stack per work request; longer lists go to the heap.
 const STACK_SGES: usize = 8;
-
-/// An `ibv_ah_attr` with its GRH (RoCE always has one).
-pub(crate) fn ah_attr(
-    dgid: [u8; 16],
-    sgid_index: u8,
-    hop_limit: u8,
-    tc: u8,
-    port: u8,
-) -> ffi::ibv_ah_attr {
-    ffi::ibv_ah_attr {
-        grh: ffi::ibv_global_route {
-            dgid: ffi::ibv_gid { raw: dgid },
-            flow_label: 0,
-            sgid_index,
-            hop_limit,
-            traffic_class: tc,
-        },
-        is_global: 1,
-        port_num: port,
-        ..Default::default()
-    }
-}
 
 fn state_code(s: QpState) -> u32 {
     match s {

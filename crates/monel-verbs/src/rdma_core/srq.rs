@@ -6,9 +6,8 @@ use std::sync::Arc;
 
 use monel_rc::{PostError, RecvWr, Sge};
 
-use super::context::os_error;
 use super::ffi;
-use super::pd::RawPd;
+use super::raw::{RawPd, os_error};
 use crate::attr::SrqAttr;
 use crate::error::{ErrorKind, Result, VerbsError};
 use crate::provider::SrqOps;
