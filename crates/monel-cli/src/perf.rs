@@ -92,6 +92,7 @@ pub(crate) fn run(a: &PerfArgs) -> anyhow::Result<()> {
             udp_port: a.conn.udp_port,
             mtu: a.conn.mtu,
             size: a.size,
+            all: a.all,
             iters: a.iters,
             tx_depth: a.tx_depth,
             secret: connect::secret(&a.conn)?.is_some(),

@@ -48,6 +48,8 @@ pub(crate) struct Run<'a> {
     pub(crate) udp_port: u16,
     pub(crate) mtu: u32,
     pub(crate) size: Option<usize>,
+    /// `-a`: every size from 2 B to 8 MiB, as perftest's `-a`.
+    pub(crate) all: bool,
     pub(crate) iters: Option<u32>,
     pub(crate) tx_depth: u32,
     pub(crate) secret: bool,
@@ -107,11 +109,13 @@ pub(crate) fn run(r: &Run<'_>) -> anyhow::Result<()> {
     let gid = dev.gid(gid_index)?.gid;
     let want = Mtu::from_bytes(r.mtu).with_context(|| format!("-m {}: not an IB MTU", r.mtu))?;
     let mtu_code = want.min(dev.port_attr().active_mtu) as u8;
-    let size = match r.test {
-        Test::AtomicBw => 8,
-        t if t.is_bw() => r.size.unwrap_or(65536),
-        _ => r.size.unwrap_or(2).max(1),
+    let sizes: Vec<usize> = match r.test {
+        Test::AtomicBw => vec![8],
+        _ if r.all => (1..24).map(|k| 1usize << k).collect(),
+        t if t.is_bw() => vec![r.size.unwrap_or(65536).max(1)],
+        _ => vec![r.size.unwrap_or(2).max(1)],
     };
+    let size = sizes.iter().copied().max().unwrap_or(1);
     let iters = r
         .iters
         .unwrap_or(if r.test == Test::WriteBw { 5000 } else { 1000 });
@@ -223,7 +227,7 @@ pub(crate) fn run(r: &Run<'_>) -> anyhow::Result<()> {
         theirs.gid.to_ip()
     );
     let line = "-".repeat(87);
-    let o = PerfOptions {
+    let o = |size| PerfOptions {
         size,
         iters,
         duration: None,
@@ -241,22 +245,28 @@ pub(crate) fn run(r: &Run<'_>) -> anyhow::Result<()> {
         },
     };
     if !r.test.is_bw() {
-        return latency(r.test, oob, &mine, &e, size, iters, client, &line);
+        return latency(r.test, oob, &mine, &e, &sizes, iters, client, &line);
     }
     if r.test == Test::SendBw {
         // send_bw: one handshake, then one per QP, then the receives, one more, the run.
         oob.hand_shake(&mine).map_err(err)?;
         oob.hand_shake(&mine).map_err(err)?;
         println!("{line}\n{}", BwReport::HEADER);
-        let rep = if client {
-            oob.hand_shake(&mine).map_err(err)?;
-            perf::bw_client(&e, r.test, &o)?
-        } else {
-            let posted = post_recvs(&e, size, RX_DEPTH.min(iters))?;
-            oob.hand_shake(&mine).map_err(err)?;
-            recv_run(&e, size, iters, posted)?
-        };
-        println!("{}", row(&numbers(&rep)));
+        for &size in &sizes {
+            let rep = if client {
+                oob.hand_shake(&mine).map_err(err)?;
+                perf::bw_client(&e, r.test, &o(size))?
+            } else {
+                let posted = post_recvs(&e, size, RX_DEPTH.min(iters))?;
+                oob.hand_shake(&mine).map_err(err)?;
+                recv_run(&e, size, iters, posted)?
+            };
+            println!("{}", row(&numbers(&rep)));
+            if r.all {
+                // With -a, a handshake closes each size.
+                oob.hand_shake(&mine).map_err(err)?;
+            }
+        }
         println!("{line}");
         oob.close(&mine).map_err(err)?;
         return Ok(());
@@ -267,11 +277,14 @@ pub(crate) fn run(r: &Run<'_>) -> anyhow::Result<()> {
     oob.hand_shake(&mine).map_err(err)?;
     println!("{line}\n{}", BwReport::HEADER);
     if client {
-        let rep = perf::bw_client(&e, r.test, &o)?;
-        println!("{}", row(&numbers(&rep)));
+        let mut last = BwNumbers::default();
+        for &size in &sizes {
+            last = numbers(&perf::bw_client(&e, r.test, &o(size))?);
+            println!("{}", row(&last));
+        }
         println!("{line}");
         oob.hand_shake(&mine).map_err(err)?;
-        oob.bw_reports(&numbers(&rep)).map_err(err)?;
+        oob.bw_reports(&last).map_err(err)?;
     } else {
         oob.hand_shake(&mine).map_err(err)?;
         let theirs = oob.bw_reports(&BwNumbers::default()).map_err(err)?;
@@ -290,7 +303,7 @@ fn latency(
     mut oob: Oob,
     mine: &Keys,
     e: &Endpoint<'_>,
-    size: usize,
+    sizes: &[usize],
     iters: u32,
     client: bool,
     line: &str,
@@ -302,8 +315,10 @@ fn latency(
             oob.hand_shake(mine).map_err(err)?;
             oob.hand_shake(mine).map_err(err)?;
             header();
-            let posts = write_pingpong(e, size, iters, !client)?;
-            println!("{}", lat_row(size, iters, &posts, 2.0));
+            for &size in sizes {
+                let posts = write_pingpong(e, size, iters, !client)?;
+                println!("{}", lat_row(size, iters, &posts, 2.0));
+            }
             println!("{line}");
             // write_lat ends without a closing exchange.
             Ok(())
@@ -313,8 +328,10 @@ fn latency(
             oob.hand_shake(mine).map_err(err)?;
             if client {
                 header();
-                let posts = reads(e, size, iters)?;
-                println!("{}", lat_row(size, iters, &posts, 1.0));
+                for &size in sizes {
+                    let posts = reads(e, size, iters)?;
+                    println!("{}", lat_row(size, iters, &posts, 1.0));
+                }
                 println!("{line}");
             }
             oob.close(mine).map_err(err)
@@ -323,11 +340,13 @@ fn latency(
             // send_lat: two handshakes, then one more once both sides' receives are posted.
             oob.hand_shake(mine).map_err(err)?;
             oob.hand_shake(mine).map_err(err)?;
-            let posted = post_recvs(e, size, RX_DEPTH.min(iters))?;
-            oob.hand_shake(mine).map_err(err)?;
             header();
-            let posts = send_pingpong(e, size, iters, client, posted)?;
-            println!("{}", lat_row(size, iters, &posts, 2.0));
+            for &size in sizes {
+                let posted = post_recvs(e, size, RX_DEPTH.min(iters))?;
+                oob.hand_shake(mine).map_err(err)?;
+                let posts = send_pingpong(e, size, iters, client, posted)?;
+                println!("{}", lat_row(size, iters, &posts, 2.0));
+            }
             println!("{line}");
             oob.close(mine).map_err(err)
         }
