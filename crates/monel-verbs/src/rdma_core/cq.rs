@@ -5,7 +5,6 @@
 use std::any::Any;
 use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -107,7 +106,6 @@ pub(crate) struct HwCq {
     stash: Mutex<VecDeque<WorkCompletion>>,
     cqe: usize,
     busy_poll: bool,
-    overflowed: AtomicBool,
 }
 
 impl HwCq {
@@ -144,7 +142,6 @@ impl HwCq {
             stash: Mutex::new(VecDeque::new()),
             cqe,
             busy_poll,
-            overflowed: AtomicBool::new(false),
         })
     }
 
@@ -225,8 +222,10 @@ impl CqOps for HwCq {
         }
     }
 
+    /// The NIC reports an overflow as an asynchronous event (`AsyncEvent::CqError`) and
+    /// the CQ is unusable after it; there is no flag to read.
     fn overflowed(&self) -> bool {
-        self.overflowed.load(Ordering::Relaxed)
+        false
     }
 
     fn capacity(&self) -> usize {
