@@ -444,17 +444,20 @@ fn ping_options(port: u16, gid_index: u8) -> Options {
     }
 }
 
-/// The device a job would use towards `peer` (or the one named), and its GID index.
+/// The device a job would use towards `peer` (or the one named), and its GID index: the
+/// first RDMA port `MONEL_IB_HCA` admits with a GID the `MONEL_IB_*` policy takes, as the
+/// collectives choose it; else the soft RNIC on the address towards the peer.
 fn ping_device(named: Option<&str>, peer: Option<IpAddr>) -> anyhow::Result<(Device, u8)> {
+    let hca = lookup(&env, "IB_HCA").and_then(|(v, _)| HcaFilter::parse(&v).ok());
+    let policy = GidPolicy::from_vars(&env)
+        .map(|(p, _)| p)
+        .unwrap_or_default();
     let dev = match (named, peer) {
         (Some(n), _) => Device::from_arg(n)?,
         (None, peer) => {
-            let hw = monel_verbs::rdma_core::device::list()
-                .unwrap_or_default()
-                .into_iter()
-                .find(|d| d.up && d.ipv4_gid_index().is_some());
+            let hw = monel_verbs::rdma_core::device::first_usable(hca.as_ref(), &policy).ok();
             match (hw, peer) {
-                (Some(d), _) => d,
+                (Some((d, _)), _) => d,
                 (None, Some(p)) => Device::bind(monel_verbs::route_source(SocketAddr::new(p, 9))?)?,
                 (None, None) => soft_devices()?
                     .into_iter()
@@ -463,10 +466,13 @@ fn ping_device(named: Option<&str>, peer: Option<IpAddr>) -> anyhow::Result<(Dev
             }
         }
     };
-    let g = dev
-        .ipv4_gid_index()
-        .context("the device has no IPv4 RoCE v2 GID")?;
-    Ok((dev, g))
+    let port = match dev.provider {
+        monel_verbs::Provider::RdmaCore { port, .. } => port,
+        monel_verbs::Provider::Soft => 1,
+    };
+    let (g, _) =
+        choose_gid(&dev.name, port, &dev.gid_slots(), &policy).map_err(anyhow::Error::msg)?;
+    Ok((dev, u8::try_from(g.index).context("GID index above 255")?))
 }
 
 /// One RDMA ping of `peer`: ten 4 KiB round trips through the path a job would take.

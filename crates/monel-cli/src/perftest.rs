@@ -16,6 +16,7 @@ use monel_verbs::{
 
 use crate::tools::perf::{self, BwReport, Endpoint, LatReport, PerfOptions, Test};
 use crate::tools::perftest_oob::{BwNumbers, Keys, Oob};
+use crate::tools::pingpong;
 
 /// Receives the server keeps posted for `send-bw` (perftest's default `--rx-depth`).
 const RX_DEPTH: u32 = 512;
@@ -63,17 +64,8 @@ fn tcp(r: &Run<'_>, local: IpAddr) -> anyhow::Result<(TcpStream, bool)> {
                 .with_context(|| format!("{s}: not an IP address"))?;
             let to = SocketAddr::new(ip, r.port);
             // perftest's server may not listen yet: try for a while, as its clients do not.
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                match TcpStream::connect_timeout(&to, Duration::from_secs(5)) {
-                    Ok(s) => return Ok((s, true)),
-                    Err(e) if Instant::now() < deadline => {
-                        let _ = e;
-                        std::thread::sleep(Duration::from_millis(200));
-                    }
-                    Err(e) => return Err(e).with_context(|| format!("connect {to}")),
-                }
-            }
+            let s = pingpong::dial(to, Duration::from_secs(30), "perftest exchange")?;
+            Ok((s, true))
         }
         None => {
             // perftest's clients speak IPv4 only.
@@ -131,13 +123,8 @@ pub(crate) fn run(r: &Run<'_>) -> anyhow::Result<()> {
     let agreed = oob
         .open(PAGE, CACHE_LINE, mtu_code)
         .map_err(anyhow::Error::msg)?;
-    let mtu = match agreed.mtu_code {
-        1 => Mtu::Mtu256,
-        2 => Mtu::Mtu512,
-        3 => Mtu::Mtu1024,
-        4 => Mtu::Mtu2048,
-        _ => Mtu::Mtu4096,
-    };
+    // `IBV_MTU_*` codes 1..=5 are 256 << (code - 1) bytes.
+    let mtu = Mtu::from_bytes(128 << agreed.mtu_code).context("perftest MTU code")?;
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq((r.tx_depth + RX_DEPTH) as usize)?;
     let qp = pd.create_qp(&QpInitAttr {

@@ -3,11 +3,12 @@
 //! here; `tests/rxe-vm/interop.sh` runs them with `--ignored` in the VM on Linux rxe
 //! (`MONEL_TEST_DEV`, default `rxe0`). Two QPs on the one device talk through rxe's loopback.
 
+mod common;
+
 use std::time::Duration;
 
+use common::{T, one, signaled};
 use monel_verbs::*;
-
-const T: Duration = Duration::from_secs(10);
 
 fn device() -> Device {
     let name = std::env::var("MONEL_TEST_DEV").unwrap_or_else(|_| "rxe0".into());
@@ -74,19 +75,6 @@ fn pair() -> (Side, Side) {
     a.qp.connect(&remote(&b), &params(&a)).unwrap();
     b.qp.connect(&remote(&a), &params(&b)).unwrap();
     (a, b)
-}
-
-fn signaled() -> SendFlags {
-    SendFlags {
-        signaled: true,
-        ..SendFlags::default()
-    }
-}
-
-fn one(cq: &CompletionQueue) -> WorkCompletion {
-    let v = cq.poll_n(1, T);
-    assert_eq!(v.len(), 1, "no completion within {T:?}");
-    v[0]
 }
 
 const RW: AccessFlags = AccessFlags(

@@ -109,17 +109,19 @@ impl Nic {
                 Device::from_arg(d).map_err(|e| e.to_string())?,
                 "MONEL_RDMA_DEV".to_string(),
             ),
-            None => match hardware(cfg) {
-                Ok(found) => found,
-                Err(why) => {
-                    tracing::info!(target: "monel::init", "soft RNIC: {why}");
-                    let d = Device::bind(local_ip).map_err(|e| e.to_string())?;
-                    (
-                        d,
-                        "the address this rank reaches the rendezvous from".into(),
-                    )
+            None => {
+                match monel_verbs::rdma_core::device::first_usable(cfg.hca.as_ref(), &cfg.gid) {
+                    Ok(found) => found,
+                    Err(why) => {
+                        tracing::info!(target: "monel::init", "soft RNIC: {why}");
+                        let d = Device::bind(local_ip).map_err(|e| e.to_string())?;
+                        (
+                            d,
+                            "the address this rank reaches the rendezvous from".into(),
+                        )
+                    }
                 }
-            },
+            }
         };
         let (sgid_index, why) = if dev.is_rdma_core() || cfg.gid != GidPolicy::default() {
             let port = match dev.provider {
@@ -200,43 +202,6 @@ impl Nic {
             self.port
         )
     }
-}
-
-/// The first kernel RDMA port `cfg` admits that is up and holds a GID its policy takes,
-/// with why it was chosen; the error says why there is none.
-fn hardware(cfg: &RdmaConfig) -> Result<(Device, String), String> {
-    let all = monel_verbs::rdma_core::device::list()?;
-    let mut skipped = Vec::new();
-    for d in all {
-        let Provider::RdmaCore { port, .. } = d.provider else {
-            continue;
-        };
-        let base = d.name.split(':').next().unwrap_or(&d.name).to_string();
-        if let Some(f) = &cfg.hca
-            && !f.admits(&base, port)
-        {
-            skipped.push(format!("{} (MONEL_IB_HCA)", d.name));
-            continue;
-        }
-        if !d.up {
-            skipped.push(format!("{} (port down)", d.name));
-            continue;
-        }
-        if let Err(e) = choose_gid(&d.name, port, &d.gid_slots(), &cfg.gid) {
-            skipped.push(format!("{} ({e})", d.name));
-            continue;
-        }
-        let why = match &cfg.hca {
-            Some(_) => format!("{} is the first MONEL_IB_HCA admits that is up", d.name),
-            None => format!("{} is the first kernel RDMA device that is up", d.name),
-        };
-        return Ok((d, why));
-    }
-    Err(if skipped.is_empty() {
-        "no kernel RDMA device".into()
-    } else {
-        format!("no usable kernel RDMA device: {}", skipped.join(", "))
-    })
 }
 
 /// A GID as people write it: `::ffff:10.0.0.2` for IPv4-mapped ones.

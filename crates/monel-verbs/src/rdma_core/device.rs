@@ -13,6 +13,7 @@ use super::loader::Libibverbs;
 use super::sysfs::{self, SYSFS_ROOT, SysPort};
 use crate::device::{Device, GidEntry, Provider};
 use crate::gid::{Gid, GidKind};
+use crate::hca::{GidPolicy, HcaFilter, choose_gid};
 
 /// Most GID entries a port's table is read to.
 const MAX_GID_TBL: usize = 1024;
@@ -213,4 +214,42 @@ pub fn list() -> Result<Vec<Device>, String> {
         unsafe { (lib.close_device)(ctx) };
     }
     Ok(out)
+}
+
+/// The first RoCE port `hca` admits (any, without a filter) that is up and holds a GID
+/// `policy` takes, with why it was chosen: the device a job opens between hosts. The error
+/// says why there is none.
+pub fn first_usable(
+    hca: Option<&HcaFilter>,
+    policy: &GidPolicy,
+) -> Result<(Device, String), String> {
+    let mut skipped = Vec::new();
+    for d in list()? {
+        let Provider::RdmaCore { port, .. } = d.provider else {
+            continue;
+        };
+        let base = d.name.split(':').next().unwrap_or(&d.name);
+        if hca.is_some_and(|f| !f.admits(base, port)) {
+            skipped.push(format!("{} (MONEL_IB_HCA)", d.name));
+            continue;
+        }
+        if !d.up {
+            skipped.push(format!("{} (port down)", d.name));
+            continue;
+        }
+        if let Err(e) = choose_gid(&d.name, port, &d.gid_slots(), policy) {
+            skipped.push(format!("{} ({e})", d.name));
+            continue;
+        }
+        let why = match hca {
+            Some(_) => format!("{} is the first MONEL_IB_HCA admits that is up", d.name),
+            None => format!("{} is the first kernel RDMA device that is up", d.name),
+        };
+        return Ok((d, why));
+    }
+    Err(if skipped.is_empty() {
+        "no kernel RDMA device".into()
+    } else {
+        format!("no usable kernel RDMA device: {}", skipped.join(", "))
+    })
 }
