@@ -16,6 +16,7 @@
 mod bootstrap;
 mod comm;
 mod cpus;
+pub mod doctor;
 mod error;
 mod exec;
 mod frame;

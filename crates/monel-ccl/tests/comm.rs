@@ -1121,3 +1121,48 @@ fn tcp_links_run_the_congestion_control_asked_for() {
         }
     }
 }
+
+/// `MONEL_DOCTOR=1`: init runs the brief checks. Ranks that fit this host start and work;
+/// ranks whose shared-memory rings no /dev/shm holds fail init, each naming the check and
+/// its fix, before any segment is made.
+#[test]
+fn the_doctor_at_init_passes_a_job_that_fits_and_stops_one_that_does_not() {
+    let fits = |r: usize| {
+        let mut c = CommConfig {
+            timeout: Duration::from_secs(20),
+            doctor: true,
+            ..CommConfig::default()
+        };
+        // Two hosts of one rank: the locked-memory check runs too.
+        c.shm.host = Some(format!("host{r}"));
+        c
+    };
+    for (r, res) in ranks_with(2, fits, |c| {
+        let mut out = vec![0u8; 8];
+        c.all_reduce(&f32s([1.0, 2.0]), &mut out, 2, DataType::F32, RedOp::Sum)
+            .map(|()| to_f32(&out))
+    })
+    .into_iter()
+    .enumerate()
+    {
+        let sum = res.unwrap_or_else(|e| panic!("rank {r}: init: {e}"));
+        assert_eq!(sum.unwrap(), vec![2.0, 4.0], "rank {r}");
+    }
+    let too_big = |_: usize| {
+        let mut c = CommConfig {
+            timeout: Duration::from_secs(20),
+            doctor: true,
+            ..CommConfig::default()
+        };
+        c.shm.ring = 1 << 50;
+        c
+    };
+    for (r, res) in ranks_with(2, too_big, |_| ()).into_iter().enumerate() {
+        let e = res.expect_err("init must refuse");
+        assert_eq!(e.kind, ErrorKind::System, "rank {r}: {e}");
+        assert!(
+            e.message.contains("MONEL_DOCTOR: /dev/shm") && e.message.contains("fix:"),
+            "rank {r}: {e}"
+        );
+    }
+}

@@ -40,6 +40,10 @@ pub struct CommConfig {
     /// The job's shared secret (`MONEL_SECRET_FILE`, else `MONEL_SECRET`): every rank must
     /// prove it holds it before it is trusted. Without one, ranks prove only the unique id.
     pub secret: Option<monel_verbs::auth::Key>,
+    /// Run the doctor's brief checks at init (`MONEL_DOCTOR=1`): providers, locked memory
+    /// and /dev/shm against what this communicator registers and maps, each logged; a
+    /// failing one fails init with its fix.
+    pub doctor: bool,
 }
 
 /// Which transports pairs may use. Each pair takes the best allowed one that works:
@@ -110,6 +114,7 @@ impl Default for CommConfig {
             rdma: RdmaConfig::default(),
             tcp_congestion: vec!["cubic".into(), "reno".into()],
             secret: None,
+            doctor: false,
         }
     }
 }
@@ -155,6 +160,17 @@ impl CommConfig {
                 v.parse().ok().filter(|&n: &usize| n >= 64).ok_or_else(|| {
                     CclError::invalid(format!("MONEL_CHUNK={v:?}: want bytes >= 64"))
                 })?;
+        }
+        if let Some(v) = env("MONEL_DOCTOR") {
+            c.doctor = match v.trim() {
+                "1" | "true" | "yes" => true,
+                "" | "0" | "false" | "no" => false,
+                _ => {
+                    return Err(CclError::invalid(format!(
+                        "MONEL_DOCTOR={v:?}: want 1 or 0"
+                    )));
+                }
+            };
         }
         if let Some(v) = env("MONEL_DETERMINISTIC") {
             c.deterministic = matches!(v.as_str(), "1" | "true" | "yes");

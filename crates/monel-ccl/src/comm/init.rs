@@ -95,6 +95,34 @@ impl Communicator {
         shm_cfg.enabled &= cfg.transports.shm;
         let mut rdma_cfg = cfg.rdma.clone();
         rdma_cfg.enabled &= cfg.transports.rdma;
+        if cfg.doctor {
+            let local = (0..nranks)
+                .filter(|&j| host_key(&table[j]) == host_key(&table[rank]))
+                .count() as u64;
+            crate::doctor::at_init(
+                rank,
+                crate::doctor::Shape {
+                    local,
+                    remote: nranks as u64 - local,
+                    shm_ring: if shm_cfg.enabled {
+                        shm_cfg.ring as u64
+                    } else {
+                        0
+                    },
+                    rdma_ring: if rdma_cfg.enabled {
+                        rdma_cfg.ring as u64
+                    } else {
+                        0
+                    },
+                    pins: rdma_cfg.enabled
+                        && monel_verbs::rdma_core::device::first_usable(
+                            rdma_cfg.hca.as_ref(),
+                            &rdma_cfg.gid,
+                        )
+                        .is_ok(),
+                },
+            )?;
+        }
         let peers: Vec<SocketAddr> = table.iter().map(|t| t.data).collect();
         let (links, paths) = transport::connect(
             streams,
