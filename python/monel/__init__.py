@@ -176,6 +176,13 @@ def _check_op(op: str) -> str:
     return op
 
 
+def _tag(tag) -> int:
+    """A message tag as it travels: 32 bits (negative tags, as C ints, wrap)."""
+    if not isinstance(tag, int) or isinstance(tag, bool) or not -(1 << 31) <= tag < 1 << 32:
+        raise InvalidArgumentError(f"tag {tag!r}: want an integer in -2**31 .. 2**32 - 1")
+    return tag & 0xFFFFFFFF
+
+
 class Communicator:
     """This process's rank in a group of ranks (`ncclComm_t`).
 
@@ -337,27 +344,44 @@ class Communicator:
 
     # -- point to point --------------------------------------------------------------------
 
-    def send(self, x, peer: int, async_op: bool = False) -> Optional[Work]:
-        """Sends `x` to `peer` (`ncclSend`); a large message waits for the receive, so two
-        ranks that send to each other must use `group`."""
-        return self.group([("send", x, peer)], async_op)
+    def send(self, x, peer: int, async_op: bool = False, tag: int = 0) -> Optional[Work]:
+        """Sends `x` to `peer` (`ncclSend`), the message carrying `tag`; a large message waits
+        for the receive, so two ranks that send to each other must use `group`."""
+        return self.group([("send", x, peer, tag)], async_op)
 
-    def recv(self, out, peer: int, async_op: bool = False) -> Optional[Work]:
-        """Receives into `out` from `peer` (`ncclRecv`); the sizes must agree."""
-        return self.group([("recv", out, peer)], async_op)
+    def recv(self, out, peer: Optional[int] = None, async_op: bool = False, tag: int = 0):
+        """Receives into `out` the first message from `peer` (`None`: from any rank) that
+        carries `tag`; messages with other tags that arrive first wait for their own
+        receives. The sizes must agree: a message of another size is an error, and it stays
+        for a receive of its size. Returns the sender's rank, or with `async_op` a work
+        whose `source` names it once done."""
+        if peer is not None:
+            self._peer(peer)
+        b, t, n = as_bytes(out, "recv", writable=True)
+        w = self._c.recv_from(b, n, t, peer, _tag(tag), async_op, self._defer)
+        return w if async_op else w.source
+
+    def _peer(self, peer) -> int:
+        if not isinstance(peer, int) or isinstance(peer, bool) or not 0 <= peer < self.size:
+            raise InvalidArgumentError(f"peer {peer!r} is not a rank (0..{self.size - 1})")
+        return peer
 
     def group(self, ops: Sequence[tuple], async_op: bool = False) -> Optional[Work]:
-        """Runs ("send", x, peer) and ("recv", out, peer) operations as one group, so any
-        exchange pattern completes (`ncclGroupStart` .. `ncclGroupEnd`)."""
+        """Runs ("send", x, peer[, tag]) and ("recv", out, peer[, tag]) operations as one
+        group, so any exchange pattern completes (`ncclGroupStart` .. `ncclGroupEnd`). A
+        receive in a group takes the next message from its peer (or one with its tag set
+        aside by an earlier `recv`); a next message with another tag is an error."""
         parts = []
         for o in ops:
-            if len(o) != 3 or o[0] not in ("send", "recv"):
-                raise InvalidArgumentError(f"group operation {o!r}: want ('send'|'recv', buffer, peer)")
-            kind, buf, peer = o
-            if not isinstance(peer, int) or not 0 <= peer < self.size:
-                raise InvalidArgumentError(f"peer {peer!r} is not a rank (0..{self.size - 1})")
+            if len(o) not in (3, 4) or o[0] not in ("send", "recv"):
+                raise InvalidArgumentError(
+                    f"group operation {o!r}: want ('send'|'recv', buffer, peer[, tag])"
+                )
+            kind, buf, peer = o[:3]
+            tag = _tag(o[3] if len(o) == 4 else 0)
+            self._peer(peer)
             b, t, n = as_bytes(buf, kind, writable=kind == "recv")
-            parts.append((kind == "send", b, n, t, peer))
+            parts.append((kind == "send", b, n, t, peer, tag))
         w = self._c.group(parts, async_op, self._defer)
         return w if async_op else None
 

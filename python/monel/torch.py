@@ -104,6 +104,16 @@ class _Work(dist._Work):
     def result(self):
         return self._value
 
+    def _source_rank(self) -> int:
+        """The rank a receive from any source took its message from (after `wait()`)."""
+        self._finish()
+        for w in self._works:
+            if w.source is not None:
+                return w.source
+        raise RuntimeError("monel: this work is not a receive from any source")
+
+    source_rank = _source_rank
+
 
 _AFTER_LOCK = threading.Lock()
 
@@ -356,16 +366,23 @@ class ProcessGroupMonel(dist.ProcessGroup):
 
     def send(self, tensors, dst: int, tag: int = 0):
         if self._coalesced is not None:
-            self._coalesced += [("send", t.contiguous(), dst) for t in tensors]
+            self._coalesced += [("send", t.contiguous(), dst, tag) for t in tensors]
             return self._done.done(tensors)
-        works = [self.comm.send(t.contiguous(), dst, async_op=True) for t in tensors]
+        works = [self.comm.send(t.contiguous(), dst, async_op=True, tag=tag) for t in tensors]
         return self._done.track(works, tensors)
 
     def recv(self, tensors, src: int, tag: int = 0):
+        """Receives the first message from `src` that carries `tag` (as Gloo matches)."""
         if self._coalesced is not None:
-            self._coalesced += [("recv", t, src) for t in tensors]
+            self._coalesced += [("recv", t, src, tag) for t in tensors]
             return self._done.done(tensors)
-        works = [self.comm.recv(t, src, async_op=True) for t in tensors]
+        works = [self.comm.recv(t, src, async_op=True, tag=tag) for t in tensors]
+        return self._done.track(works, tensors)
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        """`recv(src=None)`: the first message with `tag` from any rank; the work's
+        `_source_rank()` names it."""
+        works = [self.comm.recv(t, None, async_op=True, tag=tag) for t in tensors]
         return self._done.track(works, tensors)
 
     # -- coalescing (batch_isend_irecv): the sends and receives run as one Monel group, so

@@ -186,6 +186,7 @@ struct P2p {
     count: usize,
     dtype: DataType,
     peer: usize,
+    tag: u32,
 }
 
 enum Op {
@@ -197,6 +198,14 @@ enum Op {
         recv: Region,
     },
     Group(Vec<P2p>),
+    /// A receive matched by tag, from one source or any (`None`).
+    RecvFrom {
+        region: Region,
+        count: usize,
+        dtype: DataType,
+        src: Option<usize>,
+        tag: u32,
+    },
     Split {
         color: Option<u32>,
         key: i64,
@@ -208,6 +217,8 @@ enum Op {
 
 enum Outcome {
     Done,
+    /// A receive's source rank.
+    Source(usize),
     Split(Option<Box<Communicator>>),
     Window(Window),
 }
@@ -219,6 +230,7 @@ struct Done {
     cv: Condvar,
     split: Mutex<Option<Communicator>>,
     window: Mutex<Option<Window>>,
+    source: Mutex<Option<usize>>,
 }
 
 impl Done {
@@ -303,6 +315,7 @@ fn run_op(c: &mut Communicator, op: Op) -> Result<Outcome, CclError> {
                             count: p.count,
                             dtype: p.dtype,
                             peer: p.peer,
+                            tag: p.tag,
                         }
                     } else {
                         GroupOp::Recv {
@@ -310,12 +323,22 @@ fn run_op(c: &mut Communicator, op: Op) -> Result<Outcome, CclError> {
                             count: p.count,
                             dtype: p.dtype,
                             peer: p.peer,
+                            tag: p.tag,
                         }
                     }
                 })
                 .collect();
             c.group(ops).map(|()| Outcome::Done)
         }
+        Op::RecvFrom {
+            region,
+            count,
+            dtype,
+            src,
+            tag,
+        } => c
+            .recv_tagged(region.bytes_mut(), count, dtype, src, tag)
+            .map(Outcome::Source),
         Op::Split { color, key } => c.split(color, key).map(|s| Outcome::Split(s.map(Box::new))),
         Op::AllocWindow { len } => c.alloc_window(len).map(Outcome::Window),
     }
@@ -388,6 +411,13 @@ impl Queue {
         );
         let r = match r {
             Ok(Outcome::Done) => Ok(()),
+            Ok(Outcome::Source(r)) => {
+                *job.done
+                    .source
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(r);
+                Ok(())
+            }
             Ok(Outcome::Split(s)) => {
                 *job.done
                     .split
@@ -574,6 +604,16 @@ impl Work {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .is_some()
+    }
+    /// The rank a finished receive took its message from (`None` before it finished, or
+    /// for other operations).
+    #[getter]
+    fn source(&self) -> Option<usize> {
+        *self
+            .done
+            .source
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
     /// True if the operation finished without error.
     fn is_success(&self) -> bool {
@@ -774,18 +814,18 @@ impl Comm {
     }
 
     /// Runs sends and receives as one group: `ops` holds `(is_send, buffer, count, dtype,
-    /// peer)` tuples. `async_op` and `defer` as for [`Comm::collective`].
+    /// peer, tag)` tuples. `async_op` and `defer` as for [`Comm::collective`].
     #[pyo3(signature = (ops, async_op=false, defer=false))]
     fn group(
         &self,
         py: Python<'_>,
-        ops: Vec<(bool, PyBuffer<u8>, usize, String, usize)>,
+        ops: Vec<(bool, PyBuffer<u8>, usize, String, usize, u32)>,
         async_op: bool,
         defer: bool,
     ) -> PyResult<Work> {
         let mut parts = Vec::with_capacity(ops.len());
         let mut bufs = Vec::with_capacity(ops.len());
-        for (send, b, count, dtype, peer) in ops {
+        for (send, b, count, dtype, peer, tag) in ops {
             let region = Region::of(
                 &b,
                 !send,
@@ -806,6 +846,7 @@ impl Comm {
                 count,
                 dtype: dtype_of(&dtype)?,
                 peer,
+                tag,
             });
             bufs.push(b);
         }
@@ -817,6 +858,33 @@ impl Comm {
             }
         }
         self.submit(py, Op::Group(parts), bufs, async_op, defer)
+    }
+
+    /// Receives into `buffer` the first message from `src` (`None`: any rank) that carries
+    /// `tag`; the work's `source` names the sender once done. `async_op` and `defer` as for
+    /// [`Comm::collective`].
+    #[pyo3(signature = (buffer, count, dtype, src, tag, async_op=false, defer=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn recv_from(
+        &self,
+        py: Python<'_>,
+        buffer: PyBuffer<u8>,
+        count: usize,
+        dtype: String,
+        src: Option<usize>,
+        tag: u32,
+        async_op: bool,
+        defer: bool,
+    ) -> PyResult<Work> {
+        let region = Region::of(&buffer, true, "receive buffer")?;
+        let op = Op::RecvFrom {
+            region,
+            count,
+            dtype: dtype_of(&dtype)?,
+            src,
+            tag,
+        };
+        self.submit(py, op, vec![buffer], async_op, defer)
     }
 
     /// Splits (`ncclCommSplit`): ranks passing the same `color` form a new communicator,

@@ -90,8 +90,17 @@ def collectives():
         c.send(np.arange(10, dtype=np.int64), n - 1)
     elif r == n - 1:
         buf = np.zeros(10, np.int64)
-        c.recv(buf, 0)
+        assert c.recv(buf, 0) == 0
         assert np.array_equal(buf, np.arange(10))
+    # Tags: sent 1, 2; received 2, 1, each with its own data. Then from any rank.
+    if r == 0:
+        c.send(np.full(3, 1.0), n - 1, tag=1)
+        c.send(np.full(5, 2.0), n - 1, tag=2)
+    elif r == n - 1:
+        two, one = np.zeros(5), np.zeros(3)
+        w = c.recv(two, 0, async_op=True, tag=2)
+        assert w.wait() and w.source == 0 and (two == 2.0).all()
+        assert c.recv(one, None, tag=1) == 0 and (one == 1.0).all()
     c.barrier()
     # Async handles: issue three, then wait.
     xs = [np.full(4096, r + k, np.float32) for k in range(3)]
@@ -430,6 +439,54 @@ def fsdp_train():
     assert worst_loss < 1e-5 and worst_param < 1e-5, (worst_loss, worst_param)
     dist.destroy_process_group()
     print(json.dumps({"rank": r, "loss_err": worst_loss, "param_err": worst_param}))
+
+
+def torch_tags():
+    """torch's point-to-point semantics: tags match whatever the posting order, recv from
+    any source names it, batch_isend_irecv carries tags."""
+    import torch
+    import torch.distributed as dist
+
+    import monel.torch  # noqa: F401
+
+    dist.init_process_group("monel")
+    r, n = dist.get_rank(), dist.get_world_size()
+    last = n - 1
+    if r == 0:
+        # Sent in tag order 1, 2, 3 (the middle one larger than a ring).
+        for tag, size in ((1, 3), (2, 300_000), (3, 7)):
+            dist.send(torch.full((size,), float(tag)), dst=last, tag=tag)
+    elif r == last:
+        # Posted 2, 3, 1: each receive gets its own tag's data.
+        bufs = {tag: torch.zeros(size) for tag, size in ((2, 300_000), (3, 7), (1, 3))}
+        works = [dist.irecv(bufs[tag], src=0, tag=tag) for tag in (2, 3, 1)]
+        for w in works:
+            w.wait()
+        for tag, b in bufs.items():
+            assert (b == tag).all(), (tag, b[:4])
+    # From any source: every other rank sends its rank to rank 0 with tag 7.
+    if r != 0:
+        dist.send(torch.tensor([float(r)]), dst=0, tag=7)
+    else:
+        seen = set()
+        for _ in range(n - 1):
+            x = torch.zeros(1)
+            src = dist.recv(x, tag=7)
+            assert x.item() == src, (x, src)
+            seen.add(src)
+        assert seen == set(range(1, n)), seen
+    # batch_isend_irecv with tags: a ring, the receive posted first.
+    recv = torch.zeros(4)
+    reqs = dist.batch_isend_irecv([
+        dist.P2POp(dist.irecv, recv, (r - 1) % n, tag=5),
+        dist.P2POp(dist.isend, torch.full((4,), float(r)), (r + 1) % n, tag=5),
+    ])
+    for q in reqs:
+        q.wait()
+    assert (recv == (r - 1) % n).all()
+    dist.barrier()
+    print(json.dumps({"rank": r, "ok": True}))
+    dist.destroy_process_group()
 
 
 def torch_errors():

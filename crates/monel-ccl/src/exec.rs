@@ -5,7 +5,7 @@
 //! or death, so no rank waits out the timeout for a failure another rank already saw.
 
 use std::os::fd::BorrowedFd;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
@@ -15,7 +15,7 @@ use crate::liveness::Liveness;
 use crate::transport::Link;
 use monel_sched::buffers::Buffers;
 use monel_sched::plan::Algorithm;
-use monel_sched::schedule::{Op, Schedule, Span};
+use monel_sched::schedule::{Buf, Op, Schedule, Span};
 
 /// Largest payload per frame: bigger messages go as several frames.
 const FRAME_MAX: usize = 16 << 20;
@@ -125,11 +125,11 @@ pub(crate) struct Ctx<'a> {
     pub(crate) name: Name<'a>,
     /// How long the call may wait, counted from its first wait (a call that never waits
     /// reads no clock for it).
-    pub(crate) timeout: std::time::Duration,
+    pub(crate) timeout: Duration,
     /// Set at the first wait: when the call gives up.
     pub(crate) deadline: Option<Instant>,
     /// How long to poll without sleeping when nothing moves.
-    pub(crate) spin: std::time::Duration,
+    pub(crate) spin: Duration,
     /// Yield the CPU every this many idle rounds: 1 when this host has more ranks than
     /// cores (a spinning rank would hold the core its peer needs), else rarely.
     pub(crate) yield_every: u32,
@@ -141,36 +141,36 @@ pub(crate) struct Ctx<'a> {
     pub(crate) liveness: Option<Liveness<'a>>,
 }
 
-/// The numbers of the last message sent to and received from each peer.
+/// The numbers of the last message sent to and received from each peer, and the tags of
+/// the group's sends and receives (by part).
 pub(crate) struct P2pSeqs<'a> {
     pub(crate) send: &'a mut [u64],
     pub(crate) recv: &'a mut [u64],
+    pub(crate) send_tags: &'a [u32],
+    pub(crate) recv_tags: &'a [u32],
 }
 
 /// The `coll` code of point-to-point messages.
 pub(crate) const P2P_CODE: u8 = 0x50;
 
 impl Ctx<'_> {
-    /// The signature the next message to (`send`) or from `peer` of `bytes` carries.
-    fn next_sig(&mut self, peer: usize, bytes: usize, send: bool) -> Signature {
+    /// The signature the next message to (`send`) or from `peer` of `bytes` carries, into
+    /// or out of buffer `buf` (a group's part: its tag).
+    fn next_sig(&mut self, peer: usize, bytes: usize, send: bool, buf: Buf) -> Signature {
         let Some(p) = self.p2p.as_mut() else {
             return self.name.sig;
         };
-        let seq = if send {
-            &mut p.send[peer]
+        let (seq, tags) = if send {
+            (&mut p.send[peer], p.send_tags)
         } else {
-            &mut p.recv[peer]
+            (&mut p.recv[peer], p.recv_tags)
         };
         *seq += 1;
-        Signature {
-            seq: *seq,
-            coll: P2P_CODE,
-            dtype: 0,
-            op: 0,
-            root: 0,
-            count: bytes as u64,
-            algo: 0,
-        }
+        let tag = match buf {
+            Buf::SendPart(i) | Buf::RecvPart(i) => tags.get(usize::from(i)).copied(),
+            _ => None,
+        };
+        Signature::p2p(*seq, bytes as u64, tag.unwrap_or(0))
     }
 }
 
@@ -470,10 +470,10 @@ impl RecvSt {
 fn read_payload(link: &mut Box<dyn Link>, len: usize) -> Vec<u8> {
     let mut buf = vec![0u8; len.min(4096)];
     let mut got = 0;
-    let until = Instant::now() + std::time::Duration::from_millis(200);
+    let until = Instant::now() + Duration::from_millis(200);
     while got < buf.len() && Instant::now() < until {
         match link.read_some(&mut buf[got..]) {
-            Ok(0) => std::thread::sleep(std::time::Duration::from_micros(100)),
+            Ok(0) => std::thread::sleep(Duration::from_micros(100)),
             Ok(n) => got += n,
             Err(_) => break,
         }
@@ -709,7 +709,7 @@ pub(crate) fn run(
                 Op::Send { peer, src } => {
                     sends.push(SendSt {
                         peer,
-                        sig: ctx.next_sig(peer, src.len * es, true),
+                        sig: ctx.next_sig(peer, src.len * es, true, src.buf),
                         src,
                         total: src.len * es,
                         sent: 0,
@@ -727,7 +727,7 @@ pub(crate) fn run(
             };
             recvs.push(RecvSt {
                 peer,
-                sig: ctx.next_sig(peer, dst.len * es, false),
+                sig: ctx.next_sig(peer, dst.len * es, false, dst.buf),
                 dst,
                 acc,
                 total: dst.len * es,
@@ -897,6 +897,108 @@ pub(crate) fn run(
     Ok(())
 }
 
+/// Waits until the link of one of `peers` holds a point-to-point frame header at its front,
+/// and returns that peer and the header; nothing is consumed. A peer whose link holds
+/// something else first (a later collective's frame, its goodbye) cannot send this message
+/// now and is left out; with none left the wait fails. An abort frame is its sender's
+/// error, a lost link names the peer, and `deadline` ends the wait with a timeout.
+pub(crate) fn wait_p2p(
+    links: &mut Links,
+    peers: &[usize],
+    deadline: Instant,
+    spin: Duration,
+    what: &str,
+) -> Result<(usize, Header)> {
+    let started = Instant::now();
+    let mut live: Vec<usize> = peers.to_vec();
+    let mut left_out: Vec<usize> = Vec::new();
+    let mut round = 0u32;
+    loop {
+        let mut b = [0u8; HEADER_LEN];
+        let mut i = 0;
+        while i < live.len() {
+            let p = live[i];
+            if links.closed[p] {
+                left_out.push(live.remove(i));
+                continue;
+            }
+            let link = links.link(p)?;
+            let n = link.peek(&mut b).map_err(|e| lost(p, what, &e))?;
+            if n < HEADER_LEN {
+                i += 1;
+                continue;
+            }
+            match Header::decode(&b) {
+                None => {
+                    return Err(CclError::new(
+                        ErrorKind::Mismatch,
+                        format!("{what}: rank {p} sent bytes that are not a Monel frame"),
+                    )
+                    .with_ranks(vec![p]));
+                }
+                Some(h) if h.kind == FRAME_ABORT => {
+                    let mut full = vec![0u8; HEADER_LEN + (h.len as usize).min(4096)];
+                    let n = link.peek(&mut full).unwrap_or(0);
+                    return Err(abort_error(p, what, &full[HEADER_LEN.min(n)..n]));
+                }
+                Some(h) if h.kind == FRAME_DATA && h.sig.coll == P2P_CODE => return Ok((p, h)),
+                Some(h) => {
+                    if h.kind == FRAME_CLOSE {
+                        links.closed[p] = true;
+                    }
+                    left_out.push(live.remove(i));
+                }
+            }
+        }
+        if live.is_empty() {
+            return Err(CclError::new(
+                ErrorKind::Mismatch,
+                format!(
+                    "{what}: ranks {left_out:?} moved on to a collective or destroyed their \
+                     communicator without sending it"
+                ),
+            )
+            .with_ranks(left_out));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(CclError::new(
+                ErrorKind::Timeout,
+                format!("{what}: timed out waiting for ranks {live:?}"),
+            )
+            .with_ranks(live));
+        }
+        if now - started < spin {
+            spin_pause(round, 64);
+            round = round.wrapping_add(1);
+            continue;
+        }
+        let mut armed: Vec<(i32, PollFlags)> = Vec::new();
+        let mut ready = false;
+        for &p in &live {
+            let l = links.link(p)?;
+            match l.arm(true, false) {
+                Some(f) => armed.push((l.fd(), f)),
+                None => ready = true,
+            }
+        }
+        if !ready {
+            // SAFETY: every descriptor belongs to a link in `links`, which outlives this
+            // poll call; none is closed meanwhile (this thread owns the links).
+            #[allow(unsafe_code)]
+            let mut fds: Vec<PollFd<'_>> = armed
+                .iter()
+                .map(|&(fd, f)| PollFd::new(unsafe { BorrowedFd::borrow_raw(fd) }, f))
+                .collect();
+            let ms = (deadline - now).as_millis().clamp(1, 100) as u16;
+            let _ = poll(&mut fds, PollTimeout::from(ms));
+        }
+        for &p in &live {
+            links.link(p)?.disarm();
+        }
+    }
+}
+
 /// Tells every peer that rank `from` gave up, and why (an abort frame; see
 /// [`write_all_bounded`] for links caught mid-frame).
 pub(crate) fn send_abort(links: &mut Links, sig: Signature, from: usize, e: &CclError) {
@@ -927,7 +1029,7 @@ pub(crate) fn send_close(links: &mut Links, sig: Signature) {
 /// data frame (the call failed while sending) is closed instead, so the peer sees the
 /// connection end rather than a frame inside another.
 fn write_all_bounded(links: &mut Links, frame: &[u8]) {
-    let until = Instant::now() + std::time::Duration::from_millis(500);
+    let until = Instant::now() + Duration::from_millis(500);
     for (slot, mid) in links.links.iter_mut().zip(&links.mid_frame) {
         if *mid {
             *slot = None;
@@ -937,7 +1039,7 @@ fn write_all_bounded(links: &mut Links, frame: &[u8]) {
         let mut at = 0;
         while at < frame.len() && Instant::now() < until {
             match l.write_some(&frame[at..]) {
-                Ok(0) => std::thread::sleep(std::time::Duration::from_micros(200)),
+                Ok(0) => std::thread::sleep(Duration::from_micros(200)),
                 Ok(n) => at += n,
                 Err(_) => break,
             }

@@ -1,6 +1,7 @@
 //! The frame protocol on every link: a 32-byte header (magic, kind, the collective's
 //! signature, payload length) before each message, so ranks that disagree about a call
-//! find out at its first message.
+//! find out at its first message. A point-to-point message's signature is its number
+//! between the pair, its length and its tag ([`Signature::p2p`]).
 
 /// Frame kinds.
 pub(crate) const FRAME_DATA: u8 = 0;
@@ -28,6 +29,28 @@ pub(crate) struct Signature {
     /// point-to-point messages and control frames): ranks that chose differently find out
     /// at the first message, even where the schedules would exchange the same sizes.
     pub(crate) algo: u8,
+}
+
+impl Signature {
+    /// A point-to-point message: the pair's message number `seq`, its `bytes`, and its
+    /// `tag`, carried in the root and op fields, which point-to-point messages have no other
+    /// use for (`coll` is [`crate::exec::P2P_CODE`]).
+    pub(crate) fn p2p(seq: u64, bytes: u64, tag: u32) -> Self {
+        Self {
+            seq,
+            coll: crate::exec::P2P_CODE,
+            dtype: 0,
+            op: (tag >> 24) as u8,
+            root: tag & 0x00ff_ffff,
+            count: bytes,
+            algo: 0,
+        }
+    }
+
+    /// A point-to-point message's tag.
+    pub(crate) fn tag(&self) -> u32 {
+        self.root | u32::from(self.op) << 24
+    }
 }
 
 /// A frame header.
@@ -96,5 +119,19 @@ mod tests {
         let mut b = h.encode();
         b[0] ^= 1;
         assert_eq!(Header::decode(&b), None);
+    }
+
+    #[test]
+    fn a_point_to_point_tag_survives_the_header_whole() {
+        for tag in [0, 1, 0x00ff_ffff, 0x0100_0000, 0xdead_beef, u32::MAX] {
+            let h = Header {
+                kind: FRAME_DATA,
+                sig: Signature::p2p(9, 1 << 33, tag),
+                len: 12,
+            };
+            let back = Header::decode(&h.encode()).unwrap();
+            assert_eq!(back, h);
+            assert_eq!(back.sig.tag(), tag);
+        }
     }
 }

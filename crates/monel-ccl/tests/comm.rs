@@ -495,12 +495,14 @@ fn send_recv_and_groups_over_every_transport() {
                     count,
                     dtype: DataType::F32,
                     peer: next,
+                    tag: 0,
                 },
                 GroupOp::Recv {
                     buf: &mut inc,
                     count: 300_000 + prev,
                     dtype: DataType::F32,
                     peer: prev,
+                    tag: 0,
                 },
             ])
             .unwrap();
@@ -529,6 +531,7 @@ fn send_recv_and_groups_over_every_transport() {
                     count: 3,
                     dtype: DataType::U8,
                     peer: j,
+                    tag: 40 + j as u32,
                 });
             }
             for (j, g) in got.iter_mut().enumerate() {
@@ -537,6 +540,7 @@ fn send_recv_and_groups_over_every_transport() {
                     count: 3,
                     dtype: DataType::U8,
                     peer: j,
+                    tag: 40 + r as u32,
                 });
             }
             ops.push(GroupOp::Collective {
@@ -567,7 +571,8 @@ fn mismatched_sends_and_bad_peers_are_errors() {
         assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
         let e = c.send(&[0; 4], 1, DataType::F32, c.rank()).unwrap_err();
         assert!(e.message.contains("send to self"), "{e}");
-        // Rank 0 sends 8 bytes where rank 1 expects 4.
+        // Rank 0 sends 8 bytes where rank 1 expects 4: refused before anything is
+        // consumed, the message left for a receive of its size.
         if c.rank() == 0 {
             c.send(&[1; 8], 2, DataType::F32, 1).err()
         } else {
@@ -576,7 +581,7 @@ fn mismatched_sends_and_bad_peers_are_errors() {
         }
     });
     let e = errs[1].as_ref().expect("the receiver sees the mismatch");
-    assert_eq!(e.kind, ErrorKind::Mismatch, "{e}");
+    assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
     assert!(
         e.message.contains("8 bytes") && e.message.contains("4 bytes"),
         "{e}"
@@ -1165,4 +1170,122 @@ fn the_doctor_at_init_passes_a_job_that_fits_and_stops_one_that_does_not() {
             "rank {r}: {e}"
         );
     }
+}
+
+/// Receives match by tag, as torch's and MPI's do: a receive posted for tag 2 before one for
+/// tag 1 gets the message tagged 2 whatever order they were sent in (the other waits aside,
+/// then goes to its own receive); a receive from any rank names its source; a size that
+/// does not match is refused and the message stays for a receive of its size, the
+/// communicator usable. Over every transport; messages above a ring's size included.
+#[test]
+fn receives_match_by_tag_and_from_any_source() {
+    for mode in MODES {
+        ranks_over(mode, 3, Duration::from_secs(30), move |c| {
+            let r = c.rank();
+            let big = 100_000; // floats: larger than the small rings
+            let payload =
+                |tag: u32, len: usize| f32s((0..len).map(|i| (i as u32 * 7 + tag) as f32));
+            if r == 0 {
+                // Sent in tag order 1, 2, 3; received below in 3, 1, 2.
+                for (tag, len) in [(1, 4), (2, big), (3, 16)] {
+                    c.send_tagged(&payload(tag, len), len, DataType::F32, 1, tag)
+                        .unwrap();
+                }
+            } else if r == 1 {
+                for (tag, len) in [(3, 16), (1, 4), (2, big)] {
+                    let mut b = vec![0u8; len * 4];
+                    let from = c
+                        .recv_tagged(&mut b, len, DataType::F32, Some(0), tag)
+                        .unwrap();
+                    assert_eq!(from, 0);
+                    assert_eq!(b, payload(tag, len), "{mode:?}: tag {tag}");
+                }
+            }
+            // Any source: ranks 0 and 2 each send one message to rank 1, tagged with their rank.
+            if r != 1 {
+                c.send_tagged(&payload(r as u32, 8), 8, DataType::F32, 1, 100 + r as u32)
+                    .unwrap();
+            } else {
+                let mut seen = Vec::new();
+                for _ in 0..2 {
+                    // Tag 100 first, from whoever sent it; then 102.
+                    let tag = if seen.is_empty() { 100 } else { 102 };
+                    let mut b = vec![0u8; 32];
+                    let from = c.recv_tagged(&mut b, 8, DataType::F32, None, tag).unwrap();
+                    assert_eq!(from as u32, tag - 100, "{mode:?}");
+                    assert_eq!(b, payload(from as u32, 8), "{mode:?}");
+                    seen.push(from);
+                }
+            }
+            // A receive of the wrong size: refused, nothing consumed; the right one then works.
+            if r == 2 {
+                c.send_tagged(&payload(9, 6), 6, DataType::F32, 0, 9)
+                    .unwrap();
+            } else if r == 0 {
+                let mut b = vec![0u8; 40];
+                let e = c
+                    .recv_tagged(&mut b, 10, DataType::F32, Some(2), 9)
+                    .expect_err("a 6-float message into a 10-float receive");
+                assert_eq!(e.kind, ErrorKind::InvalidArgument, "{mode:?}: {e}");
+                assert!(e.message.contains("24 bytes"), "{mode:?}: {e}");
+                let from = c.recv_tagged(&mut b, 6, DataType::F32, None, 9).unwrap();
+                assert_eq!((from, &b[..24]), (2, &payload(9, 6)[..]), "{mode:?}");
+            }
+            // Still usable: a collective after it all.
+            let mut sum = f32s([1.0]);
+            c.all_reduce_in_place(&mut sum, 1, DataType::F32, RedOp::Sum)
+                .unwrap();
+            assert_eq!(to_f32(&sum), [3.0], "{mode:?} rank {r}");
+        });
+    }
+}
+
+/// A receive in a group takes a message set aside earlier by a tagged receive; one whose
+/// next message carries another tag fails loudly on both sides, never with wrong data.
+#[test]
+fn group_receives_take_set_aside_messages_and_refuse_a_wrong_tag() {
+    ranks_over(Mode::Shm(64 << 10), 2, Duration::from_secs(20), |c| {
+        let r = c.rank();
+        if r == 0 {
+            c.send_tagged(&[5; 4], 4, DataType::U8, 1, 5).unwrap();
+            c.send_tagged(&[6; 4], 4, DataType::U8, 1, 6).unwrap();
+            // The message of tag 8 meets a group receive for tag 7.
+            c.send_tagged(&[8; 4], 4, DataType::U8, 1, 8).unwrap();
+            let mut b = [0u8; 1];
+            // Rank 1's failure reaches this rank.
+            c.recv(&mut b, 1, DataType::U8, 1)
+                .expect_err("rank 1 failed");
+        } else {
+            let mut six = [0u8; 4];
+            c.recv_tagged(&mut six, 4, DataType::U8, Some(0), 6)
+                .unwrap();
+            assert_eq!(six, [6; 4]);
+            let mut five = [0u8; 4];
+            c.group(vec![GroupOp::Recv {
+                buf: &mut five,
+                count: 4,
+                dtype: DataType::U8,
+                peer: 0,
+                tag: 5,
+            }])
+            .unwrap();
+            assert_eq!(five, [5; 4], "from the messages set aside");
+            let mut seven = [0u8; 4];
+            let e = c
+                .group(vec![GroupOp::Recv {
+                    buf: &mut seven,
+                    count: 4,
+                    dtype: DataType::U8,
+                    peer: 0,
+                    tag: 7,
+                }])
+                .expect_err("the next message carries tag 8");
+            assert_eq!(e.kind, ErrorKind::Mismatch, "{e}");
+            assert!(
+                e.message.contains("tag 8") && e.message.contains("tag 7"),
+                "{e}"
+            );
+            assert_eq!(seven, [0; 4], "nothing landed");
+        }
+    });
 }

@@ -82,7 +82,7 @@ impl Communicator {
                         ops: vec![Op::Divide { dst: output }],
                     });
                 }
-                self.execute(sig, &rest, bufs, false)
+                self.execute(sig, &rest, bufs, None)
             }
         };
         tracing::info!(

@@ -1,4 +1,5 @@
-//! Point-to-point: send, receive, and groups of them (`ncclGroupStart`/`End`).
+//! Point-to-point: send, receive, and groups of them (`ncclGroupStart`/`End`). Receives
+//! outside a group match by tag and may take any source (see `matching`).
 
 use std::sync::PoisonError;
 
@@ -24,6 +25,8 @@ pub enum GroupOp<'a> {
         dtype: DataType,
         /// Destination rank.
         peer: usize,
+        /// The message's tag (0 where the caller has none).
+        tag: u32,
     },
     /// `ncclRecv`.
     Recv {
@@ -35,6 +38,10 @@ pub enum GroupOp<'a> {
         dtype: DataType,
         /// Source rank.
         peer: usize,
+        /// The tag the message must carry: a receive in a group takes the next message
+        /// from `peer`, unless one with this tag was set aside earlier, and fails loudly
+        /// (a mismatch) if the next carries another tag.
+        tag: u32,
     },
     /// A collective (as [`Communicator::collective`]), run after the group's sends and
     /// receives.
@@ -55,16 +62,30 @@ impl Communicator {
     /// on its way; a large message waits for `peer` to receive it, so two ranks that send to
     /// each other must do it in one [`Self::group`] (as with NCCL).
     pub fn send(&mut self, buf: &[u8], count: usize, dtype: DataType, peer: usize) -> Result<()> {
+        self.send_tagged(buf, count, dtype, peer, 0)
+    }
+
+    /// As [`Self::send`], the message carrying `tag` (MPI's and torch's tags): a receive
+    /// for another tag leaves it for its own.
+    pub fn send_tagged(
+        &mut self,
+        buf: &[u8],
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+        tag: u32,
+    ) -> Result<()> {
         self.group(vec![GroupOp::Send {
             buf,
             count,
             dtype,
             peer,
+            tag,
         }])
     }
 
-    /// Receives `count` elements from `peer` into `buf` (`ncclRecv`). Messages between two
-    /// ranks match in order; the counts must agree.
+    /// Receives `count` elements from `peer` into `buf` (`ncclRecv`): the first message
+    /// from `peer` with tag 0. The counts must agree.
     pub fn recv(
         &mut self,
         buf: &mut [u8],
@@ -72,12 +93,7 @@ impl Communicator {
         dtype: DataType,
         peer: usize,
     ) -> Result<()> {
-        self.group(vec![GroupOp::Recv {
-            buf,
-            count,
-            dtype,
-            peer,
-        }])
+        self.recv_tagged(buf, count, dtype, Some(peer), 0).map(drop)
     }
 
     /// Runs operations as one group (`ncclGroupStart` .. `ncclGroupEnd`): every send and
@@ -92,8 +108,8 @@ impl Communicator {
             ));
         }
         let n = self.nranks;
-        let mut sends: Vec<(usize, &[u8])> = Vec::new();
-        let mut recvs: Vec<(usize, &mut [u8])> = Vec::new();
+        let mut sends: Vec<(usize, u32, &[u8])> = Vec::new();
+        let mut recvs: Vec<(usize, u32, &mut [u8])> = Vec::new();
         let mut colls = Vec::new();
         // The message's bytes, once its peer and buffer are checked.
         let bytes_of = |what: &str, peer: usize, count: usize, dtype: DataType, len: usize| {
@@ -118,10 +134,11 @@ impl Communicator {
                     count,
                     dtype,
                     peer,
+                    tag,
                 } => {
                     let b = bytes_of("send", peer, count, dtype, buf.len())?;
                     if b > 0 {
-                        sends.push((peer, &buf[..b]));
+                        sends.push((peer, tag, &buf[..b]));
                     }
                 }
                 GroupOp::Recv {
@@ -129,10 +146,11 @@ impl Communicator {
                     count,
                     dtype,
                     peer,
+                    tag,
                 } => {
                     let b = bytes_of("recv", peer, count, dtype, buf.len())?;
                     if b > 0 {
-                        recvs.push((peer, &mut buf[..b]));
+                        recvs.push((peer, tag, &mut buf[..b]));
                     }
                 }
                 GroupOp::Collective {
@@ -143,8 +161,15 @@ impl Communicator {
                 } => colls.push((coll, dtype, count, io)),
             }
         }
-        if !sends.is_empty() || !recvs.is_empty() {
-            self.point_to_point(sends, recvs)?;
+        // Messages set aside by earlier tagged receives come first.
+        let mut waiting = Vec::with_capacity(recvs.len());
+        for (peer, tag, buf) in recvs {
+            if !self.take_stashed(peer, tag, buf)? {
+                waiting.push((peer, tag, buf));
+            }
+        }
+        if !sends.is_empty() || !waiting.is_empty() {
+            self.point_to_point(sends, waiting)?;
         }
         for (coll, dtype, count, io) in colls {
             self.collective(coll, dtype, count, io)?;
@@ -152,11 +177,11 @@ impl Communicator {
         Ok(())
     }
 
-    /// Runs a group's sends and receives as one step.
+    /// Runs a group's sends and receives (peer, tag, bytes) as one step.
     pub(super) fn point_to_point(
         &mut self,
-        sends: Vec<(usize, &[u8])>,
-        recvs: Vec<(usize, &mut [u8])>,
+        sends: Vec<(usize, u32, &[u8])>,
+        recvs: Vec<(usize, u32, &mut [u8])>,
     ) -> Result<()> {
         let me = self.rank;
         let span = |buf, len| Span { buf, off: 0, len };
@@ -164,7 +189,7 @@ impl Communicator {
         // Sends to self meet receives from self in order, as local copies.
         let self_recvs: Vec<usize> = (0..recvs.len()).filter(|&j| recvs[j].0 == me).collect();
         let mut self_sends = 0;
-        for (i, (peer, b)) in sends.iter().enumerate() {
+        for (i, (peer, tag, b)) in sends.iter().enumerate() {
             let src = span(Buf::SendPart(part(i)?), b.len());
             if *peer != me {
                 step.push(Op::Send { peer: *peer, src });
@@ -176,11 +201,12 @@ impl Communicator {
                 )));
             };
             self_sends += 1;
-            if recvs[j].1.len() != b.len() {
+            if recvs[j].2.len() != b.len() || recvs[j].1 != *tag {
                 return Err(CclError::invalid(format!(
-                    "send to self of {} bytes meets a recv from self of {} bytes",
+                    "send to self of {} bytes, tag {tag}, meets a recv from self of {} bytes, tag {}",
                     b.len(),
-                    recvs[j].1.len()
+                    recvs[j].2.len(),
+                    recvs[j].1
                 )));
             }
             step.push(Op::Copy {
@@ -193,7 +219,7 @@ impl Communicator {
                 "recv from self (rank {me}) without a matching send to self in the group"
             )));
         }
-        for (j, (peer, b)) in recvs.iter().enumerate() {
+        for (j, (peer, _, b)) in recvs.iter().enumerate() {
             if *peer != me {
                 step.push(Op::Recv {
                     peer: *peer,
@@ -202,8 +228,10 @@ impl Communicator {
                 });
             }
         }
-        let total: usize = sends.iter().map(|s| s.1.len()).sum::<usize>()
-            + recvs.iter().map(|r| r.1.len()).sum::<usize>();
+        let total: usize = sends.iter().map(|s| s.2.len()).sum::<usize>()
+            + recvs.iter().map(|r| r.2.len()).sum::<usize>();
+        let send_tags: Vec<u32> = sends.iter().map(|s| s.1).collect();
+        let recv_tags: Vec<u32> = recvs.iter().map(|r| r.1).collect();
         let sig = Signature {
             seq: 0,
             coll: exec::P2P_CODE,
@@ -223,11 +251,11 @@ impl Communicator {
             scratch: 0,
         };
         let mut bufs = Buffers::parts(
-            sends.into_iter().map(|s| s.1).collect(),
-            recvs.into_iter().map(|r| r.1).collect(),
+            sends.into_iter().map(|s| s.2).collect(),
+            recvs.into_iter().map(|r| r.2).collect(),
             self.nranks,
         );
-        let res = self.execute(sig, &sched, &mut bufs, true);
+        let res = self.execute(sig, &sched, &mut bufs, Some((&send_tags, &recv_tags)));
         self.conclude(sig, res)
     }
 }

@@ -223,6 +223,7 @@ impl Communicator {
             scratch: Vec::new(),
             p2p_sent: vec![0; nranks],
             p2p_received: vec![0; nranks],
+            stash: Default::default(),
             yield_every,
             core_share: (local, cores),
             costs,

@@ -19,6 +19,7 @@ mod fast_path;
 mod group;
 mod hosts;
 mod init;
+mod matching;
 mod signature;
 mod status;
 mod tuning;
@@ -29,6 +30,7 @@ use fast_path::TINY;
 pub use group::GroupOp;
 use hosts::host_key;
 pub(crate) use hosts::{host_order, per_host};
+pub use matching::STASH_MAX;
 use signature::{Fnv, SchedKey, describe_sig};
 use status::{Status, query_status, serve_status};
 
@@ -87,6 +89,8 @@ pub struct Communicator {
     /// Point-to-point messages sent to and received from each peer so far.
     p2p_sent: Vec<u64>,
     p2p_received: Vec<u64>,
+    /// Messages received ahead of the tagged receives that want them.
+    stash: matching::Stash,
     /// See [`exec::Ctx::yield_every`].
     yield_every: u32,
     /// Ranks on this machine and the cores they can use together ([`Self::core_share`]).
@@ -333,7 +337,7 @@ impl Communicator {
             sched.steps.len()
         );
         self.last_path = algo.name();
-        let res = self.execute(sig, &sched, &mut bufs, false);
+        let res = self.execute(sig, &sched, &mut bufs, None);
         self.scratch = bufs.take_scratch();
         let res = match res {
             Err(e) if e.kind == ErrorKind::Timeout => {
@@ -648,13 +652,14 @@ impl Communicator {
         Self::init_rank(members.len(), new_rank, &id, self.cfg.clone()).map(Some)
     }
 
-    /// Runs `sched` over the links within the timeout; `p2p`: with point-to-point numbering.
+    /// Runs `sched` over the links within the timeout; `p2p`: a point-to-point group, with
+    /// its messages numbered per pair and the tags of its sends and receives (by part).
     fn execute(
         &mut self,
         sig: Signature,
         sched: &Schedule,
         bufs: &mut Buffers<'_>,
-        p2p: bool,
+        p2p: Option<(&[u32], &[u32])>,
     ) -> Result<()> {
         let key = &self.key;
         let probe = |a| {
@@ -673,9 +678,11 @@ impl Communicator {
             deadline: None,
             spin: self.cfg.spin,
             yield_every: self.yield_every,
-            p2p: p2p.then_some(P2pSeqs {
+            p2p: p2p.map(|(send_tags, recv_tags)| P2pSeqs {
                 send: &mut self.p2p_sent,
                 recv: &mut self.p2p_received,
+                send_tags,
+                recv_tags,
             }),
             liveness: (!self.cfg.liveness.is_zero())
                 .then(|| Liveness::new(&self.status_addrs, self.cfg.liveness, &probe, sig.seq)),

@@ -54,7 +54,12 @@ pub(super) fn describe_sig(s: &Signature) -> String {
         return if s.seq == 0 {
             format!("a send/recv group ({} bytes)", s.count)
         } else {
-            format!("send/recv message #{} of {} bytes", s.seq, s.count)
+            format!(
+                "send/recv message #{} of {} bytes, tag {}",
+                s.seq,
+                s.count,
+                s.tag()
+            )
         };
     }
     let coll = kind.map_or("an unknown operation", CollectiveKind::name);
