@@ -4,13 +4,16 @@ digits (1,797 8x8 images shipped inside the package; nothing is downloaded).
     torchrun --nproc-per-node 4 examples/ddp_train.py --backend monel
     torchrun --nproc-per-node 4 examples/ddp_train.py --backend gloo
     python examples/ddp_train.py --backend none          # one process, the reference
+    torchrun --nproc-per-node 2 examples/ddp_train.py --backend monel --device cuda
 
 Every step takes one global batch (--batch samples, the same on every run); rank r of n
 trains on samples r, r+n, r+2n, ... of it, and DDP averages the gradients, so every world size
 follows the same loss curve up to float rounding. Prints the loss per epoch and the median
 time per step (forward, backward with DDP's gradient all-reduce, update); --check-grads
 compares gradient digests across ranks after every backward (outside the timing), and
---json FILE writes the loss per step and that agreement.
+--json FILE writes the loss per step, that agreement and whether the ranks end with
+bitwise-equal parameters. --device cuda trains on the GPU (every rank on the current one).
+--digits FILE.npz reads the images (arrays x, y) where scikit-learn is not installed.
 """
 
 import argparse
@@ -23,7 +26,20 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from sklearn.datasets import load_digits
+
+
+def load_digits(path=None):
+    """scikit-learn's 8x8 digits (images scaled to [0, 1], labels), or the same from an .npz."""
+    if path:
+        import numpy as np
+
+        d = np.load(path)
+        return torch.tensor(d["x"], dtype=torch.float32), torch.tensor(d["y"], dtype=torch.int64)
+    from sklearn.datasets import load_digits as sk
+
+    d = sk()
+    return (torch.tensor(d.data, dtype=torch.float32) / 16.0,
+            torch.tensor(d.target, dtype=torch.int64))
 
 
 def main() -> None:
@@ -39,6 +55,8 @@ def main() -> None:
     p.add_argument("--check-grads", action="store_true",
                    help="after every backward, compare gradient digests across ranks")
     p.add_argument("--json", help="write per-step losses and gradient agreement here")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--digits", help="the digits as an .npz (x, y) instead of scikit-learn's")
     a = p.parse_args()
 
     distributed = a.backend != "none"
@@ -53,15 +71,15 @@ def main() -> None:
         raise SystemExit(f"--batch {a.batch} must divide by {world} ranks")
     torch.set_num_threads(1)
 
-    digits = load_digits()
-    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.int64)
+    x, y = load_digits(a.digits)
+    dev = torch.device(a.device)
+    x, y = x.to(dev), y.to(dev)
     g = torch.Generator().manual_seed(a.seed)
     order = torch.randperm(len(x), generator=g)
     train = order[:1536]  # 24 global batches of 64
 
     torch.manual_seed(a.seed)
-    model = nn.Sequential(nn.Linear(64, a.hidden), nn.ReLU(), nn.Linear(a.hidden, 10))
+    model = nn.Sequential(nn.Linear(64, a.hidden), nn.ReLU(), nn.Linear(a.hidden, 10)).to(dev)
     if distributed:
         model = nn.parallel.DistributedDataParallel(model)
         if a.hook != "none":
@@ -76,7 +94,7 @@ def main() -> None:
         perm = train[torch.randperm(len(train), generator=g)]
         epoch_loss = []
         for b in range(0, len(perm), a.batch):
-            idx = perm[b:b + a.batch][rank::world]
+            idx = perm[b:b + a.batch][rank::world].to(dev)
             t0 = time.perf_counter()
             opt.zero_grad()
             out = model(x[idx])
@@ -86,7 +104,7 @@ def main() -> None:
             if distributed and a.check_grads:
                 h = hashlib.sha256()
                 for prm in model.parameters():
-                    h.update(prm.grad.numpy().tobytes())
+                    h.update(prm.grad.cpu().numpy().tobytes())
                 digests = [None] * world
                 dist.all_gather_object(digests, h.hexdigest())
                 grads_agree.append(len(set(digests)) == 1)
@@ -105,8 +123,16 @@ def main() -> None:
                   flush=True)
 
     with torch.no_grad():
-        test = order[1536:]
+        test = order[1536:].to(dev)
         acc = (model(x[test]).argmax(1) == y[test]).float().mean().item()
+    same_params = True
+    if distributed:
+        h = hashlib.sha256()
+        for prm in model.parameters():
+            h.update(prm.detach().cpu().numpy().tobytes())
+        digests = [None] * world
+        dist.all_gather_object(digests, h.hexdigest())
+        same_params = len(set(digests)) == 1
     med = statistics.median(step_times) * 1e3
     if rank == 0:
         print(f"[{a.backend} x{world}] test accuracy {acc:.3f}; median step {med:.3f} ms "
@@ -115,6 +141,7 @@ def main() -> None:
             with open(a.json, "w") as f:
                 json.dump({"backend": a.backend, "world": world, "losses": steps,
                            "grads_agree": grads_agree, "accuracy": acc,
+                           "same_params": same_params, "device": a.device,
                            "median_step_ms": med}, f)
     if distributed:
         dist.destroy_process_group()

@@ -8,16 +8,21 @@ unique id there. Every operation is issued to Monel at once (Monel runs them in 
 own thread, without the GIL) and returns a `Work` whose `wait()` waits on Monel directly and
 raises its error (timeouts name the ranks missing); `get_future()` (DDP's hooks) is completed
 by a helper thread.
-CPU tensors only.
+CPU and CUDA tensors (CUDA staged through pinned host memory in stream order: `monel._cuda`).
+Point-to-point messages match by tag, and `recv(src=None)` takes any source;
+per-call timeouts (`barrier(timeout=...)`, `Work.wait(timeout)`) hold; `monitored_barrier`
+names the ranks that do not arrive; sparse tensors all-reduce with SUM, as on Gloo.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import queue
 import socket
 import threading
+import time
 import weakref
 from datetime import timedelta
 from typing import Optional
@@ -54,6 +59,15 @@ def _op(reduce_op) -> str:
     raise InvalidArgumentError(f"reduction {reduce_op} is not supported by monel")
 
 
+def _call_timeout(opts) -> Optional[float]:
+    """A per-call timeout in seconds from torch's options (`None`: unset, the group's)."""
+    t = getattr(opts, "timeout", None)
+    if t is None:
+        return None
+    secs = t.total_seconds()
+    return secs if secs > 0 else None
+
+
 def _root_ip() -> str:
     host = os.environ.get("MASTER_ADDR", "127.0.0.1")
     try:
@@ -82,6 +96,15 @@ class _Work(dist._Work):
                 after()
 
     def wait(self, timeout=None) -> bool:
+        secs = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        if secs is not None and secs > 0:
+            # torch's Work.wait(timeout): raise if it has not finished by then.
+            end = time.monotonic() + secs
+            for w in self._works:
+                if not w.wait(max(end - time.monotonic(), 0.0)):
+                    raise monel.CommTimeoutError(
+                        f"monel: Timed out waiting {secs * 1000:.0f} ms for the operation"
+                    )
         self._finish()
         fut = self._future
         if fut is not None:
@@ -165,6 +188,43 @@ def _stop_completers() -> None:
         c.stop()
 
 
+class _Batch:
+    """Sends and receives held until something needs them; `works` once issued."""
+
+    def __init__(self) -> None:
+        self.ops: list = []
+        self.works: Optional[list] = None
+
+
+class _LazyWork(_Work):
+    """A send or receive held in a batch: asking about it issues the batch."""
+
+    def __init__(self, pg: "ProcessGroupMonel", batch: _Batch, value) -> None:
+        super().__init__(pg._done, [], value)
+        self._pg, self._batch = pg, batch
+
+    def _issue(self) -> None:
+        if self._batch.works is None:
+            self._pg._flush_p2p()
+        self._works = self._batch.works
+
+    def _finish(self) -> None:
+        self._issue()
+        super()._finish()
+
+    def wait(self, timeout=None) -> bool:
+        self._issue()
+        return super().wait(timeout)
+
+    def is_completed(self) -> bool:
+        self._issue()
+        return super().is_completed()
+
+    def is_success(self) -> bool:
+        self._issue()
+        return super().is_success()
+
+
 class ProcessGroupMonel(dist.ProcessGroup):
     """A torch process group over one Monel communicator."""
 
@@ -181,12 +241,15 @@ class ProcessGroupMonel(dist.ProcessGroup):
         if os.environ.get("MONEL_TIMEOUT"):
             secs = None  # the user's MONEL_TIMEOUT wins
         self.comm = monel.Communicator(size, rank, uid, timeout=secs)
+        self._timeout = secs if secs is not None else float(os.environ.get("MONEL_TIMEOUT") or 300)
         # torch issues every operation asynchronously and waits for most at once: a wait()
         # within 50 us runs the operation on the waiting thread, without a thread hop.
         self.comm._defer = True
         self._native = self.comm._c
         self._done = _Completer()
         self._coalesced: Optional[list] = None
+        self._coalesced_cuda = None  # CUDA receives of a coalesced group, landed at its end
+        self._pending: Optional[_Batch] = None  # isend/irecv not issued yet
         self._group_name = self._group_desc = ""
 
     # -- identity --------------------------------------------------------------------------
@@ -216,9 +279,61 @@ class ProcessGroupMonel(dist.ProcessGroup):
     def group_desc(self) -> str:
         return self._group_desc
 
+    # A Python process group registers no backend with torch: say which device it serves,
+    # as a registered backend would (monitored_barrier and new_group look).
+    @property
+    def _device_types(self):
+        cuda = torch.cuda.is_available()
+        return [torch.device("cpu")] + ([torch.device("cuda")] if cuda else [])
+
+    def _timed(self, opts, issue):
+        """Runs `issue()` (which issues Monel operations) under the call's own timeout, if
+        torch gave one: the communicator's timeout is set around it, in order with the
+        other operations."""
+        t = _call_timeout(opts)
+        if t is None or t == self._timeout:
+            return issue()
+        self.comm._c.set_timeout(t)
+        try:
+            return issue()
+        finally:
+            self.comm._c.set_timeout(self._timeout)
+
     # -- collectives -----------------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
+        if any(t.is_sparse for t in tensors):
+            return self._sparse_allreduce(tensors, opts)
+        return self._allreduce(tensors, opts)
+
+    def _sparse_allreduce(self, tensors, opts):
+        """Sparse COO tensors, summed as Gloo does: every rank's indices and values are
+        gathered, and each rank adds them up (the result is coalesced)."""
+        if opts is not None and _op(opts.reduceOp) != "sum":
+            raise InvalidArgumentError("monel: sparse tensors reduce with SUM only")
+        n = self._size
+        for t in tensors:
+            t_c = t.coalesce()
+            idx, val = t_c.indices().contiguous(), t_c.values().contiguous()
+            counts = torch.zeros(n, dtype=torch.int64)
+            self.comm.all_gather(torch.tensor([idx.shape[1]], dtype=torch.int64), counts)
+            most = int(counts.max())
+            pad_i = torch.zeros((idx.shape[0], most), dtype=torch.int64)
+            pad_i[:, : idx.shape[1]] = idx
+            pad_v = torch.zeros((most,) + tuple(val.shape[1:]), dtype=val.dtype)
+            pad_v[: val.shape[0]] = val
+            all_i = torch.empty((n,) + tuple(pad_i.shape), dtype=torch.int64)
+            all_v = torch.empty((n,) + tuple(pad_v.shape), dtype=val.dtype)
+            self.comm.all_gather(pad_i, all_i)
+            self.comm.all_gather(pad_v, all_v)
+            k = [int(c) for c in counts]
+            ii = torch.cat([all_i[r][:, : k[r]] for r in range(n)], dim=1)
+            vv = torch.cat([all_v[r][: k[r]] for r in range(n)])
+            total = torch.sparse_coo_tensor(ii, vv, t.shape).coalesce()
+            t.copy_(total)
+        return self._done.done(tensors)
+
+    def _allreduce(self, tensors, opts=None):
         op = "sum" if opts is None else _op(opts.reduceOp)
         # The hot path of DDP: straight to the native call (the checks are as_bytes's).
         coll = self._native.collective
@@ -362,26 +477,82 @@ class ProcessGroupMonel(dist.ProcessGroup):
     def barrier(self, opts=None):
         return self._done.track([self.comm.barrier(async_op=True)], None)
 
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False):
+        """Rank 0 waits for every rank within `timeout` and names the first missing one
+        (every one with `wait_all_ranks`); the others learn if rank 0 gave up."""
+        secs = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        self._flush_p2p()
+        w = self.comm._c.monitored_barrier(
+            self._timeout if secs is None else max(float(secs), 0.0), wait_all_ranks, True
+        )
+        w.wait()
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        """output_lists[r][i] gets rank r's input_list[i] (one dtype, as torch checks): the
+        inputs travel as one all-gather."""
+        if not input_list:
+            return self._done.done(output_lists)
+        flat = torch.cat([t.reshape(-1) for t in input_list])
+        gathered = torch.empty(self._size * flat.numel(), dtype=flat.dtype)
+        works = [self.comm.all_gather(flat, gathered, async_op=True)]
+
+        def scatter_back():
+            for r, part in enumerate(gathered.split(flat.numel())):
+                at = 0
+                for out in output_lists[r]:
+                    out.copy_(part[at:at + out.numel()].view(out.shape))
+                    at += out.numel()
+
+        return self._done.track(works, output_lists, scatter_back)
+
     # -- point to point --------------------------------------------------------------------
 
     def send(self, tensors, dst: int, tag: int = 0):
         if self._coalesced is not None:
             self._coalesced += [("send", t.contiguous(), dst, tag) for t in tensors]
             return self._done.done(tensors)
-        works = [self.comm.send(t.contiguous(), dst, async_op=True, tag=tag) for t in tensors]
-        return self._done.track(works, tensors)
+        return self._lazy([("send", t.contiguous(), dst, tag) for t in tensors], tensors)
 
     def recv(self, tensors, src: int, tag: int = 0):
         """Receives the first message from `src` that carries `tag` (as Gloo matches)."""
         if self._coalesced is not None:
             self._coalesced += [("recv", t, src, tag) for t in tensors]
             return self._done.done(tensors)
-        works = [self.comm.recv(t, src, async_op=True, tag=tag) for t in tensors]
-        return self._done.track(works, tensors)
+        return self._lazy([("recv", t, src, tag) for t in tensors], tensors)
+
+    # -- isend/irecv: Monel runs operations in order, so a receive issued before a send it
+    # depends on (`irecv` then `isend`, as batch_isend_irecv does without coalescing) would
+    # wait forever. Sends and receives are held until something needs them (a wait, any
+    # other operation), then issued together: as one group when each peer has at most one
+    # receive among them (any exchange completes), else one by one, sends first (receives
+    # from one peer with several tags keep their matching by tag).
+
+    def _lazy(self, ops, value):
+        batch = self._pending
+        if batch is None:
+            batch = self._pending = _Batch()
+        batch.ops += ops
+        return _LazyWork(self, batch, value)
+
+    def _flush_p2p(self) -> None:
+        batch, self._pending = self._pending, None
+        if batch is None or batch.works is not None:
+            return
+        ops = batch.ops
+        peers = [p for k, _, p, _ in ops if k == "recv"]
+        if len(ops) > 1 and len(peers) == len(set(peers)):
+            batch.works = [self.comm.group(ops, async_op=True)]
+            return
+        order = [o for o in ops if o[0] == "send"] + [o for o in ops if o[0] == "recv"]
+        batch.works = [
+            (self.comm.send if k == "send" else self.comm.recv)(t, p, async_op=True, tag=tag)
+            for k, t, p, tag in order
+        ]
 
     def recv_anysource(self, tensors, tag: int = 0):
         """`recv(src=None)`: the first message with `tag` from any rank; the work's
         `_source_rank()` names it."""
+        self._flush_p2p()
         works = [self.comm.recv(t, None, async_op=True, tag=tag) for t in tensors]
         return self._done.track(works, tensors)
 
@@ -396,22 +567,88 @@ class ProcessGroupMonel(dist.ProcessGroup):
         return True
 
     def start_coalescing(self, device) -> None:
+        self._flush_p2p()
         self._coalesced = []
+        self._coalesced_cuda = None
 
     def end_coalescing(self, device):
         ops, self._coalesced = self._coalesced or [], None
         if not ops:
             return self._done.done(None)
-        return self._done.track([self.comm.group(ops, async_op=True)], None)
+        work = self._done.track([self.comm.group(ops, async_op=True)], None)
+        staged, self._coalesced_cuda = self._coalesced_cuda, None
+        return staged.finish(work) if staged is not None else work
 
     # -- lifetime --------------------------------------------------------------------------
 
     def shutdown(self) -> None:
+        self._flush_p2p()
         self.comm.destroy()
         self._done.stop()
 
     def abort(self) -> None:
         self.shutdown()
+
+
+# Where each operation's results land (argument indices; None: in place, every argument).
+_OUTPUTS = {
+    "allreduce": None, "broadcast": None, "reduce": None,
+    "allgather": (0,), "all_gather_single": (0,), "_allgather_base": (0,),
+    "allgather_into_tensor_coalesced": (0,), "allgather_coalesced": (0,),
+    "reduce_scatter": (0,), "reduce_scatter_single": (0,), "_reduce_scatter_base": (0,),
+    "reduce_scatter_tensor_coalesced": (0,), "alltoall": (0,), "all_to_all_single": (0,),
+    "alltoall_base": (0,), "gather": (0,), "scatter": (0,),
+    "send": (), "recv": (0,), "recv_anysource": (0,),
+}
+
+
+def _with_cuda(method, name: str):
+    """The operation on CUDA tensors, staged through host memory (`monel._cuda`), which is
+    imported only when a CUDA tensor arrives."""
+    outputs = _OUTPUTS[name]
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        if not any(t.is_cuda for a in args for t in _tensors_in(a)):
+            return method(self, *args, **kwargs)
+        from monel import _cuda
+
+        if self._coalesced is not None and name in ("send", "recv"):
+            return _cuda.staged_coalesced(self, method, args, outputs, name)
+        return _cuda.staged(self, method, args, kwargs, outputs, name)
+
+    return run
+
+
+def _tensors_in(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _tensors_in(y)
+
+
+def _with_call_timeout(method):
+    """The operation under torch's per-call timeout (`opts.timeout`), where one is given."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        if self._pending is not None:
+            self._flush_p2p()  # held sends and receives go first, in order
+        opts = kwargs.get("opts", args[-1] if args else None)
+        return self._timed(opts, lambda: method(self, *args, **kwargs))
+
+    return run
+
+
+for _name in ("allreduce", "broadcast", "reduce", "allgather", "all_gather_single",
+              "_allgather_base", "allgather_into_tensor_coalesced", "allgather_coalesced",
+              "reduce_scatter", "reduce_scatter_single", "_reduce_scatter_base",
+              "reduce_scatter_tensor_coalesced", "alltoall", "all_to_all_single",
+              "alltoall_base", "gather", "scatter", "barrier"):
+    setattr(ProcessGroupMonel, _name, _with_call_timeout(getattr(ProcessGroupMonel, _name)))
+for _name in _OUTPUTS:
+    setattr(ProcessGroupMonel, _name, _with_cuda(getattr(ProcessGroupMonel, _name), _name))
 
 
 def empty(size, dtype: torch.dtype = torch.float32, group=None) -> torch.Tensor:
@@ -444,4 +681,10 @@ def _create(store, rank, size, timeout):
 
 
 if BACKEND not in dist.Backend.backend_list:
-    dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])
+    # torch's flight recorder hooks into a group through a C++ backend, which a Python
+    # process group does not have (it skips one that reports no device): keep it off
+    # Monel's groups, which report the CPU device.
+    _fr = getattr(dist.distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+    if isinstance(_fr, set):
+        _fr.add(BACKEND)

@@ -16,12 +16,17 @@ use monel_ccl::{
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
 mod verbs;
 
-create_exception!(_monel, MonelError, PyException, "Any error from Monel.");
+create_exception!(
+    _monel,
+    MonelError,
+    PyRuntimeError,
+    "Any error from Monel (a RuntimeError, as torch.distributed's own errors are)."
+);
 create_exception!(
     _monel,
     InvalidArgumentError,
@@ -206,6 +211,11 @@ enum Op {
         src: Option<usize>,
         tag: u32,
     },
+    MonitoredBarrier {
+        timeout: Duration,
+        wait_all: bool,
+    },
+    SetTimeout(Duration),
     Split {
         color: Option<u32>,
         key: i64,
@@ -339,6 +349,13 @@ fn run_op(c: &mut Communicator, op: Op) -> Result<Outcome, CclError> {
         } => c
             .recv_tagged(region.bytes_mut(), count, dtype, src, tag)
             .map(Outcome::Source),
+        Op::MonitoredBarrier { timeout, wait_all } => c
+            .monitored_barrier(timeout, wait_all)
+            .map(|()| Outcome::Done),
+        Op::SetTimeout(t) => {
+            c.set_timeout(t);
+            Ok(Outcome::Done)
+        }
         Op::Split { color, key } => c.split(color, key).map(|s| Outcome::Split(s.map(Box::new))),
         Op::AllocWindow { len } => c.alloc_window(len).map(Outcome::Window),
     }
@@ -885,6 +902,34 @@ impl Comm {
             tag,
         };
         self.submit(py, op, vec![buffer], async_op, defer)
+    }
+
+    /// A barrier that names the ranks that do not arrive within `timeout` seconds (torch's
+    /// `monitored_barrier`): rank 0 raises naming the first (or, with `wait_all`, every)
+    /// missing rank; the others raise that rank 0 did not release them.
+    #[pyo3(signature = (timeout, wait_all=false, async_op=false))]
+    fn monitored_barrier(
+        &self,
+        py: Python<'_>,
+        timeout: f64,
+        wait_all: bool,
+        async_op: bool,
+    ) -> PyResult<Work> {
+        let timeout = Duration::try_from_secs_f64(timeout)
+            .map_err(|_| invalid(format!("timeout {timeout}: want seconds >= 0")))?;
+        let op = Op::MonitoredBarrier { timeout, wait_all };
+        self.submit(py, op, Vec::new(), async_op, false)
+    }
+
+    /// Sets how long each later operation may wait, in seconds, in order with the
+    /// operations already issued (torch's per-call timeouts set it around one call).
+    fn set_timeout(&self, py: Python<'_>, seconds: f64) -> PyResult<()> {
+        let t = Duration::try_from_secs_f64(seconds)
+            .ok()
+            .filter(|t| !t.is_zero())
+            .ok_or_else(|| invalid(format!("timeout {seconds}: want seconds > 0")))?;
+        self.submit(py, Op::SetTimeout(t), Vec::new(), true, false)
+            .map(drop)
     }
 
     /// Splits (`ncclCommSplit`): ranks passing the same `color` form a new communicator,

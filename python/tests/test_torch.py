@@ -25,6 +25,13 @@ def test_tags_and_any_source_match_as_in_torch(n):
     assert all(r["ok"] for r in results(outs))
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_torch_semantics_beyond_the_collectives(n):
+    outs = run_ranks("torch_semantics", n, timeout=120)
+    assert_ok(outs)
+    assert all(r["ok"] for r in results(outs))
+
+
 def test_tensors_in_windows_reduce_directly():
     outs = run_ranks("torch_windows", 2, timeout=120, env={"MONEL_DEBUG": "INFO"})
     assert_ok(outs)

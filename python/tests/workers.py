@@ -475,6 +475,14 @@ def torch_tags():
             assert x.item() == src, (x, src)
             seen.add(src)
         assert seen == set(range(1, n)), seen
+    # irecv before isend, each waited on afterwards, large enough to fill any ring: the
+    # pattern of batch_isend_irecv where torch does not coalesce.
+    big = torch.zeros(300_000)
+    rq = dist.irecv(big, src=(r - 1) % n, tag=11)
+    sq = dist.isend(torch.full((300_000,), float(r)), dst=(r + 1) % n, tag=11)
+    rq.wait()
+    sq.wait()
+    assert (big == (r - 1) % n).all()
     # batch_isend_irecv with tags: a ring, the receive posted first.
     recv = torch.zeros(4)
     reqs = dist.batch_isend_irecv([
@@ -487,6 +495,53 @@ def torch_tags():
     dist.barrier()
     print(json.dumps({"rank": r, "ok": True}))
     dist.destroy_process_group()
+
+
+def torch_semantics():
+    """torch.distributed's own semantics beyond the collectives: all_gather_coalesced,
+    sparse all_reduce, a per-call barrier timeout, monitored_barrier passing and naming a
+    rank that stays away."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    import monel.torch  # noqa: F401
+
+    dist.init_process_group("monel", timeout=timedelta(seconds=60))
+    r, n = dist.get_rank(), dist.get_world_size()
+    outs = [[torch.zeros(2), torch.zeros(3)] for _ in range(n)]
+    dist.all_gather_coalesced(outs, [torch.full((2,), float(r)), torch.arange(3.0) + r])
+    for q in range(n):
+        assert (outs[q][0] == q).all() and torch.equal(outs[q][1], torch.arange(3.0) + q), outs
+    s = torch.sparse_coo_tensor([[r, n]], [1.0, 2.0], (n + 1,))
+    dist.all_reduce(s)
+    assert s.is_sparse and torch.equal(s.to_dense(), torch.tensor([1.0] * n + [2.0 * n])), s
+    dist.monitored_barrier(timeout=timedelta(seconds=10))
+    # A barrier with its own timeout, on a group whose default is long: only rank 0 calls.
+    pg = dist.new_group(timeout=timedelta(seconds=300))
+    if r == 0:
+        t0 = time.monotonic()
+        try:
+            dist.barrier(group=pg, timeout=timedelta(seconds=1))
+            raise AssertionError("the barrier did not time out")
+        except RuntimeError as e:
+            took = time.monotonic() - t0
+            assert "Timed out" in str(e) and took < 10, (took, str(e))
+    dist.barrier()
+    # The last rank stays away from a monitored barrier: rank 0 names it; the others hear.
+    err = None
+    if r != n - 1:
+        try:
+            dist.monitored_barrier(timeout=timedelta(seconds=1))
+        except RuntimeError as e:
+            err = str(e)
+        assert err is not None, "the monitored barrier passed without the last rank"
+        want = (f"Rank {n - 1} failed to pass monitoredBarrier" if r == 0 else
+                f"Rank {r} successfully reached monitoredBarrier")
+        assert want in err, err
+    print(json.dumps({"rank": r, "ok": True, "error": err}))
+    os._exit(0)  # the world's communicator failed on purpose: no orderly goodbye
 
 
 def torch_errors():

@@ -810,8 +810,9 @@ pub(crate) fn run(
                 return Err(CclError::new(
                     ErrorKind::Timeout,
                     format!(
-                        "{}: timed out waiting for ranks {waiting:?}",
-                        ctx.name.what()
+                        "{}: Timed out waiting {} ms for ranks {waiting:?}",
+                        ctx.name.what(),
+                        ctx.timeout.as_millis()
                     ),
                 )
                 .with_ranks(waiting));
@@ -910,6 +911,7 @@ pub(crate) fn wait_p2p(
     what: &str,
 ) -> Result<(usize, Header)> {
     let started = Instant::now();
+    let waits = deadline.saturating_duration_since(started).as_millis();
     let mut live: Vec<usize> = peers.to_vec();
     let mut left_out: Vec<usize> = Vec::new();
     let mut round = 0u32;
@@ -964,7 +966,7 @@ pub(crate) fn wait_p2p(
         if now >= deadline {
             return Err(CclError::new(
                 ErrorKind::Timeout,
-                format!("{what}: timed out waiting for ranks {live:?}"),
+                format!("{what}: Timed out waiting {waits} ms for ranks {live:?}"),
             )
             .with_ranks(live));
         }

@@ -28,7 +28,9 @@ mod transport;
 mod window;
 
 pub use bootstrap::UniqueId;
-pub use comm::{CommConfig, Communicator, GroupOp, Io, STASH_MAX, Transports};
+pub use comm::{
+    CommConfig, Communicator, GroupOp, Io, MONITORED_BARRIER_TAG, STASH_MAX, Transports,
+};
 pub use error::{CclError, ErrorKind, Result};
 pub use monel_sched::{Algorithm, Collective, CollectiveKind, DataType, RedOp};
 pub use transport::{RdmaConfig, ShmConfig};

@@ -1289,3 +1289,54 @@ fn group_receives_take_set_aside_messages_and_refuse_a_wrong_tag() {
         }
     });
 }
+
+/// torch's `monitored_barrier`, as Gloo runs it: passes when every rank arrives; when one
+/// does not, rank 0 names it within the timeout and the others learn that rank 0 gave up;
+/// with `wait_all`, rank 0 names every missing rank.
+#[test]
+fn a_monitored_barrier_names_the_ranks_that_do_not_arrive() {
+    let timeout = Duration::from_millis(500);
+    let out = ranks(3, Duration::from_secs(20), move |c| {
+        c.monitored_barrier(timeout, false)
+            .expect("every rank arrives");
+        c.monitored_barrier(timeout, true).expect("again");
+        let t0 = Instant::now();
+        let r = c.rank();
+        let res = if r == 2 {
+            std::thread::sleep(Duration::from_millis(1500));
+            Ok(())
+        } else {
+            c.monitored_barrier(timeout, false)
+        };
+        (r, res, t0.elapsed())
+    });
+    let (_, e0, took) = &out[0];
+    let e0 = e0.as_ref().expect_err("rank 2 never came");
+    assert_eq!(e0.kind, ErrorKind::Timeout, "{e0}");
+    assert!(
+        e0.message
+            .contains("Rank 2 failed to pass monitoredBarrier in 500 ms"),
+        "{e0}"
+    );
+    assert_eq!(e0.ranks, vec![2]);
+    assert!(
+        *took < Duration::from_secs(5),
+        "within the timeout, not the communicator's"
+    );
+    let e1 = out[1].1.as_ref().expect_err("rank 0 gave up");
+    assert!(
+        e1.message.contains("Rank 1 successfully reached monitoredBarrier, but received errors while waiting for send/recv from rank 0"),
+        "{e1}"
+    );
+    // wait_all: ranks 1 and 2 both stay away.
+    let out = ranks(3, Duration::from_secs(20), move |c| {
+        (c.rank() == 0).then(|| c.monitored_barrier(timeout, true))
+    });
+    let e = out[0].as_ref().unwrap().as_ref().expect_err("nobody came");
+    assert!(
+        e.message
+            .contains("Ranks 1, 2 failed to pass monitoredBarrier"),
+        "{e}"
+    );
+    assert_eq!(e.ranks, vec![1, 2]);
+}

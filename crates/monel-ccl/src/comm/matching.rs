@@ -68,28 +68,40 @@ impl Communicator {
                 "recv from self (rank {me}) outside a group: put it in one group with its send"
             )));
         }
-        if let Some(p) = self.stashed(src, tag) {
-            self.take_stashed(p, tag, buf)?;
-            return Ok(p);
-        }
         let peers: Vec<usize> = match src {
             Some(p) => vec![p],
             None => (0..n).filter(|&j| j != me).collect(),
         };
-        let what = match src {
-            Some(p) => format!("recv of {bytes} bytes, tag {tag}, from rank {p}"),
-            None => format!("recv of {bytes} bytes, tag {tag}, from any rank"),
-        };
         let deadline = Instant::now() + self.cfg.timeout;
+        match self.recv_matching(buf, &peers, tag, deadline) {
+            Err(e) if e.kind != ErrorKind::InvalidArgument => {
+                let sig = Signature::p2p(0, bytes as u64, tag);
+                self.conclude(sig, Err(e)).map(|()| me)
+            }
+            r => r,
+        }
+    }
+
+    /// [`Self::recv_tagged`]'s matching, from any of `peers`, until `deadline`. A wait
+    /// that fails returns its error without failing the communicator (the caller decides).
+    pub(super) fn recv_matching(
+        &mut self,
+        buf: &mut [u8],
+        peers: &[usize],
+        tag: u32,
+        deadline: Instant,
+    ) -> Result<usize> {
+        let bytes = buf.len();
+        if let Some(p) = self.stashed(peers, tag) {
+            self.take_stashed(p, tag, buf)?;
+            return Ok(p);
+        }
+        let what = match peers {
+            [p] => format!("recv of {bytes} bytes, tag {tag}, from rank {p}"),
+            _ => format!("recv of {bytes} bytes, tag {tag}, from any of ranks {peers:?}"),
+        };
         loop {
-            let front = exec::wait_p2p(&mut self.links, &peers, deadline, self.cfg.spin, &what);
-            let (p, h) = match front {
-                Ok(f) => f,
-                Err(e) => {
-                    let sig = Signature::p2p(0, bytes as u64, tag);
-                    return self.conclude(sig, Err(e)).map(|()| me);
-                }
-            };
+            let (p, h) = exec::wait_p2p(&mut self.links, peers, deadline, self.cfg.spin, &what)?;
             let len = usize::try_from(h.sig.count).unwrap_or(usize::MAX);
             if h.sig.tag() == tag {
                 if len != bytes {
@@ -99,7 +111,7 @@ impl Communicator {
                     ))
                     .with_ranks(vec![p]));
                 }
-                self.point_to_point(Vec::new(), vec![(p, tag, &mut *buf)])?;
+                self.point_to_point(Vec::new(), vec![(p, tag, buf)])?;
                 return Ok(p);
             }
             // Another receive's message: set it aside.
@@ -123,12 +135,12 @@ impl Communicator {
         }
     }
 
-    /// The source of the first message set aside from `src` (any, if `None`) with `tag`.
-    fn stashed(&self, src: Option<usize>, tag: u32) -> Option<usize> {
+    /// The source of the first message set aside from one of `peers` with `tag`.
+    fn stashed(&self, peers: &[usize], tag: u32) -> Option<usize> {
         self.stash
             .held
             .iter()
-            .find(|(p, t, _)| *t == tag && src.is_none_or(|s| s == *p))
+            .find(|(p, t, _)| *t == tag && peers.contains(p))
             .map(|(p, _, _)| *p)
     }
 

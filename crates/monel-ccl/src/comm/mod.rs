@@ -20,6 +20,7 @@ mod group;
 mod hosts;
 mod init;
 mod matching;
+mod monitored;
 mod signature;
 mod status;
 mod tuning;
@@ -31,6 +32,7 @@ pub use group::GroupOp;
 use hosts::host_key;
 pub(crate) use hosts::{host_order, per_host};
 pub use matching::STASH_MAX;
+pub use monitored::MONITORED_BARRIER_TAG;
 use signature::{Fnv, SchedKey, describe_sig};
 use status::{Status, query_status, serve_status};
 

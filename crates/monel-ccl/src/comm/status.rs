@@ -117,7 +117,7 @@ impl Communicator {
         CclError::new(
             ErrorKind::Timeout,
             format!(
-                "{what}: timed out after {:.1} s; ranks {missing:?} never arrived: {}",
+                "{what}: Timed out after {:.1} s; ranks {missing:?} never arrived: {}",
                 self.cfg.timeout.as_secs_f64(),
                 notes.join("; ")
             ),

@@ -1,0 +1,270 @@
+"""CUDA tensors through Monel's torch backend, staged through pinned host memory.
+
+An operation on CUDA tensors is ordered after the work already queued on the caller's
+current stream: a copy stream waits for it, uploads the operation's inputs into pinned host
+buffers, and the CPU waits for that copy alone (never for the whole device). Monel then runs
+the operation on the host buffers. The results go back on the copy stream, and the caller's
+stream, not the CPU, waits for them: `Work.wait()` returns once they are queued, and a
+work's future completes with events on them (a CUDA-aware future).
+
+Staging buffers are pinned once and reused across calls, by power-of-two size, up to
+`MONEL_CUDA_STAGING` bytes (default 1 GiB) kept; a buffer returns to the pool once the copy
+that reads it has finished. This module is imported only when a CUDA tensor reaches the
+backend.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from monel import InvalidArgumentError
+
+_POOL_BYTES = int(os.environ.get("MONEL_CUDA_STAGING") or (1 << 30))
+
+
+def tensors_in(x):
+    """The tensors in an argument: a tensor, or lists and tuples of them, nested."""
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from tensors_in(y)
+
+
+def has_cuda(args) -> bool:
+    return any(t.is_cuda for a in args for t in tensors_in(a))
+
+
+def _replace(x, host: dict):
+    if isinstance(x, torch.Tensor):
+        return host.get(id(x), x)
+    if isinstance(x, list):
+        return [_replace(y, host) for y in x]
+    if isinstance(x, tuple):
+        return tuple(_replace(y, host) for y in x)
+    return x
+
+
+class Staging:
+    """Pinned host buffers, reused by power-of-two size, and one copy stream per device."""
+
+    def __init__(self, limit: int = _POOL_BYTES) -> None:
+        self._lock = threading.Lock()
+        self._free: dict[int, list[torch.Tensor]] = {}
+        self._pending: list[tuple[torch.cuda.Event, list[torch.Tensor]]] = []
+        self._kept = 0
+        self._limit = limit
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+
+    def stream(self, device: torch.device) -> torch.cuda.Stream:
+        with self._lock:
+            s = self._streams.get(device)
+            if s is None:
+                s = self._streams[device] = torch.cuda.Stream(device=device)
+            return s
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        size = 1 << max(nbytes - 1, 4095).bit_length()
+        with self._lock:
+            self._reclaim()
+            free = self._free.get(size)
+            if free:
+                self._kept -= size
+                return free.pop()
+        return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+
+    def give_after(self, event: torch.cuda.Event, bufs: list[torch.Tensor]) -> None:
+        """Returns `bufs` to the pool once `event` (the last copy that reads them) is done."""
+        with self._lock:
+            self._pending.append((event, bufs))
+            self._reclaim()
+
+    def _reclaim(self) -> None:
+        keep = []
+        for ev, bufs in self._pending:
+            if not ev.query():
+                keep.append((ev, bufs))
+                continue
+            for b in bufs:
+                if self._kept + b.numel() <= self._limit:
+                    self._free.setdefault(b.numel(), []).append(b)
+                    self._kept += b.numel()
+        self._pending = keep
+
+
+STAGING = Staging()
+
+
+def _check(cuda: list[torch.Tensor], what: str, args) -> torch.device:
+    device = cuda[0].device
+    for t in cuda:
+        if t.device != device:
+            raise InvalidArgumentError(
+                f"monel {what}: tensors on {device} and {t.device} in one call: put them on one device"
+            )
+        if t.is_sparse:
+            raise InvalidArgumentError(
+                f"monel {what}: a sparse CUDA tensor: reduce sparse tensors on the CPU"
+            )
+        if not t.is_contiguous():
+            raise InvalidArgumentError(
+                f"monel {what}: a CUDA tensor of shape {tuple(t.shape)} is not contiguous (call .contiguous())"
+            )
+    for t in (t for a in args for t in tensors_in(a)):
+        if not t.is_cuda and t.numel():
+            raise InvalidArgumentError(
+                f"monel {what}: a CPU tensor and CUDA tensors on {device} in one call: put them on one device"
+            )
+    return device
+
+
+def _stage(args: tuple, outputs, what: str):
+    """Uploads the CUDA tensors of `args` that are inputs into pinned host buffers on the
+    copy stream (ordered after the caller's stream) and waits for that copy; returns the
+    device, the copy stream, the host stand-ins by tensor id, the buffers, and the
+    (device tensor, host tensor) pairs results land from."""
+    cuda = [t for a in args for t in tensors_in(a) if t.is_cuda]
+    device = _check(cuda, what, args)
+    out_args = range(len(args)) if outputs is None else outputs
+    outs = {id(t): t for i in out_args if i < len(args) for t in tensors_in(args[i]) if t.is_cuda}
+    ins = {
+        id(t): t
+        for i, a in enumerate(args)
+        if outputs is None or i not in outputs
+        for t in tensors_in(a)
+        if t.is_cuda
+    }
+    caller = torch.cuda.current_stream(device)
+    copy = STAGING.stream(device)
+    copy.wait_stream(caller)
+    host, bufs = {}, []
+    with torch.cuda.stream(copy):
+        for t in {**outs, **ins}.values():
+            nbytes = t.numel() * t.element_size()
+            buf = STAGING.take(nbytes)
+            bufs.append(buf)
+            h = buf[:nbytes].view(t.dtype).view(t.shape)
+            if id(t) in ins:
+                h.copy_(t, non_blocking=True)
+            t.record_stream(copy)
+            host[id(t)] = h
+        uploaded = torch.cuda.Event()
+        uploaded.record(copy)
+    uploaded.synchronize()  # this operation's inputs, not the device
+    landing = [(t, host[id(t)]) for t in outs.values()]
+    return device, copy, host, bufs, landing
+
+
+def staged(pg, method: Callable, args: tuple, kwargs: dict, outputs, what: str):
+    """Runs `method(pg, *args)` with every CUDA tensor staged through host memory.
+    `outputs`: the indices of the arguments whose tensors receive results (`None`: every
+    argument, for operations in place)."""
+    device, copy, host, bufs, landing = _stage(args, outputs, what)
+    inner = method(pg, *_replace(list(args), host), **kwargs)
+    work = CudaWork(pg, inner, landing, device, copy, bufs, args[0])
+    if inner is None:  # finished here (a blocking call): the caller's stream waits
+        work.wait()
+        return None
+    return work
+
+
+class Coalesced:
+    """The CUDA sends and receives of one coalesced group (`batch_isend_irecv`): staged as
+    they are added, landed once the group's work is done."""
+
+    def __init__(self) -> None:
+        self.device = self.copy = None
+        self.landing: list = []
+        self.bufs: list = []
+
+    def finish(self, work) -> "CudaWork":
+        return CudaWork(None, work, self.landing, self.device, self.copy, self.bufs, None)
+
+
+def staged_coalesced(pg, method: Callable, args: tuple, outputs, what: str):
+    """A send or receive inside a coalesced group: staged now, landed by the group's work."""
+    device, copy, host, bufs, landing = _stage(args, outputs, what)
+    group = pg._coalesced_cuda
+    if group is None:
+        group = pg._coalesced_cuda = Coalesced()
+    if group.device not in (None, device):
+        raise InvalidArgumentError(
+            f"monel {what}: a coalesced group on {group.device} and {device}: use one device"
+        )
+    group.device, group.copy = device, copy
+    group.landing += landing
+    group.bufs += bufs
+    return method(pg, *_replace(list(args), host))
+
+
+class CudaWork(dist._Work):
+    """A staged operation: `wait()` waits for Monel on the CPU, queues the results' copy
+    back, and makes the caller's current stream wait for it."""
+
+    def __init__(self, pg, inner, landing, device, copy, bufs, value) -> None:
+        super().__init__()
+        self._inner, self._landing = inner, landing
+        self._device, self._copy, self._bufs, self._value = device, copy, bufs, value
+        self._landed: Optional[torch.cuda.Event] = None
+        self._lock = threading.Lock()
+        self._future: Optional[Future] = None
+
+    def _land(self) -> torch.cuda.Event:
+        with self._lock:
+            if self._landed is not None:
+                return self._landed
+            if self._inner is not None:
+                self._inner.wait()
+            with torch.cuda.stream(self._copy):
+                for t, h in self._landing:
+                    t.copy_(h, non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record(self._copy)
+            STAGING.give_after(ev, self._bufs)
+            self._landed = ev
+            return ev
+
+    def _finish(self) -> None:
+        torch.cuda.current_stream(self._device).wait_event(self._land())
+
+    def wait(self, timeout=None) -> bool:
+        if timeout is not None and self._inner is not None:
+            self._inner.wait(timeout)
+        self._finish()
+        return True
+
+    def is_completed(self) -> bool:
+        done = self._inner is None or self._inner.is_completed()
+        return done and self._landed is not None and self._landed.query()
+
+    def is_success(self) -> bool:
+        return self._inner is None or self._inner.is_success()
+
+    def get_future(self) -> Future:
+        with self._lock:
+            if self._future is None:
+                self._future = Future(devices=[self._device])
+                threading.Thread(target=self._complete, daemon=True).start()
+            return self._future
+
+    def _complete(self) -> None:
+        fut = self._future
+        try:
+            self._finish()  # this thread's stream waits for the results; the future's
+            fut.set_result(self._value)  # events are recorded after them
+        except BaseException as e:  # the error goes to whoever waits on the future
+            fut.set_exception(e)
+
+    def result(self):
+        return self._value
+
+    def _source_rank(self) -> int:
+        return self._inner._source_rank()
+
+    source_rank = _source_rank
