@@ -24,21 +24,9 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from monel import InvalidArgumentError
+from monel._tensors import tensors_in
 
 _POOL_BYTES = int(os.environ.get("MONEL_CUDA_STAGING") or (1 << 30))
-
-
-def tensors_in(x):
-    """The tensors in an argument: a tensor, or lists and tuples of them, nested."""
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            yield from tensors_in(y)
-
-
-def has_cuda(args) -> bool:
-    return any(t.is_cuda for a in args for t in tensors_in(a))
 
 
 def _replace(x, host: dict):

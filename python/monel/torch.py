@@ -33,6 +33,7 @@ from torch.futures import Future
 
 import monel
 from monel import InvalidArgumentError
+from monel._tensors import tensors_in
 
 __all__ = ["ProcessGroupMonel", "BACKEND", "empty"]
 
@@ -609,7 +610,7 @@ def _with_cuda(method, name: str):
 
     @functools.wraps(method)
     def run(self, *args, **kwargs):
-        if not any(t.is_cuda for a in args for t in _tensors_in(a)):
+        if not any(t.is_cuda for a in args for t in tensors_in(a)):
             return method(self, *args, **kwargs)
         from monel import _cuda
 
@@ -618,14 +619,6 @@ def _with_cuda(method, name: str):
         return _cuda.staged(self, method, args, kwargs, outputs, name)
 
     return run
-
-
-def _tensors_in(x):
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            yield from _tensors_in(y)
 
 
 def _with_call_timeout(method):

@@ -2,7 +2,7 @@
 behind upstream's test/distributed/test_distributed_spawn.py), run with backend "monel"
 the way upstream runs Gloo: one process per rank, spawned for each test.
 
-    BACKEND=monel WORLD_SIZE=2 python -m pytest python/tests/suite -q
+    BACKEND=monel WORLD_SIZE=2 python -m pytest python/torch_suite -q
     (BACKEND=gloo runs the same tests on Gloo, for comparison)
 
 Monel declares in the suite's capability lists what it implements (a plugin backend with
@@ -10,14 +10,16 @@ DDP and subgroups, CPU only); the suite skips, by its own rules, what a backend 
 declare. `scripts/torch-suite.sh` runs it at 2 and 3 ranks.
 """
 
+import atexit
 import os
-import sys
+import shutil
 import tempfile
 
 os.environ.setdefault("BACKEND", "monel")
 os.environ.setdefault("WORLD_SIZE", "2")
-if "TEMP_DIR" not in os.environ:
+if "TEMP_DIR" not in os.environ:  # the test process; the ranks it spawns inherit it
     os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="monel-suite-")
+    atexit.register(shutil.rmtree, os.environ["TEMP_DIR"], True)
 
 import monel.torch  # noqa: E402,F401  (registers the backend, in every spawned rank too)
 from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402

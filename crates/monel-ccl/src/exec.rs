@@ -150,8 +150,7 @@ pub(crate) struct P2pSeqs<'a> {
     pub(crate) recv_tags: &'a [u32],
 }
 
-/// The `coll` code of point-to-point messages.
-pub(crate) const P2P_CODE: u8 = 0x50;
+pub(crate) use crate::frame::P2P_CODE;
 
 impl Ctx<'_> {
     /// The signature the next message to (`send`) or from `peer` of `bytes` carries, into

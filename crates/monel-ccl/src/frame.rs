@@ -10,6 +10,9 @@ pub(crate) const FRAME_ABORT: u8 = 1;
 /// The sender destroyed its communicator.
 pub(crate) const FRAME_CLOSE: u8 = 2;
 
+/// The `coll` code of point-to-point messages.
+pub(crate) const P2P_CODE: u8 = 0x50;
+
 /// Frame header length.
 pub(crate) const HEADER_LEN: usize = 32;
 const MAGIC: u32 = 0x4d4e_4c31; // "MNL1"
@@ -34,11 +37,11 @@ pub(crate) struct Signature {
 impl Signature {
     /// A point-to-point message: the pair's message number `seq`, its `bytes`, and its
     /// `tag`, carried in the root and op fields, which point-to-point messages have no other
-    /// use for (`coll` is [`crate::exec::P2P_CODE`]).
+    /// use for (`coll` is [`P2P_CODE`]).
     pub(crate) fn p2p(seq: u64, bytes: u64, tag: u32) -> Self {
         Self {
             seq,
-            coll: crate::exec::P2P_CODE,
+            coll: P2P_CODE,
             dtype: 0,
             op: (tag >> 24) as u8,
             root: tag & 0x00ff_ffff,
