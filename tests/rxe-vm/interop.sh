@@ -224,10 +224,11 @@ echo "== D: monel doctor in the VM (rxe0, a device with GIDs) and on the host (n
 # The host's soft RNIC answers one RDMA ping of the VM's doctor (`--peers`, from rxe0).
 ip netns exec "$NS" timeout 120 "$monel" doctor --serve 1 -d 10.77.0.1 > "$out/doctor-serve.txt" 2>&1 &
 dserve=$!
-if r=$("$here/run.sh" -M 9000 -T 300 -l "$out/vm-d.log" -b "$monel" -c "monel doctor --peers 10.77.0.1 && monel doctor --json > /tmp/j && grep -c verdict /tmp/j" 2>&1) &&
+if r=$("$here/run.sh" -M 9000 -T 300 -l "$out/vm-d.log" -b "$monel" -c "monel doctor --nranks 2 --peers 10.77.0.1 && monel doctor --nranks 2 --json > /tmp/j && grep -c verdict /tmp/j" 2>&1) &&
   grep -qE "^ok +devices +rxe0 port 1 \(ACTIVE, LinkUp, Ethernet\): GID [0-9]+ RoCE v2 10\.77\.0\.2 on eth0" <<<"$r" &&
   grep -qE "^ok +peer +10\.77\.0\.1: 10 RDMA round trips of 4 KiB, .* from rxe0 GID" <<<"$r" &&
   grep -qE "^ok +rdma-core +Monel opens rxe0 through libibverbs" <<<"$r" &&
+  grep -qE "^ok +locked memory .*\(a hardware RDMA port pins it\)" <<<"$r" &&
   grep -q "a job would run here" <<<"$r"; then
   echo "PASS D vm: $(echo "$r" | grep -E '^ok +devices')"
   echo "PASS D vm: $(echo "$r" | grep -E '^ok +peer')"
