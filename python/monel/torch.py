@@ -591,57 +591,50 @@ class ProcessGroupMonel(dist.ProcessGroup):
         self.shutdown()
 
 
-# Where each operation's results land (argument indices; None: in place, every argument).
+# Every operation the backend has, and where its results land (argument indices; None: in
+# place, every argument; () for none).
 _OUTPUTS = {
     "allreduce": None, "broadcast": None, "reduce": None,
     "allgather": (0,), "all_gather_single": (0,), "_allgather_base": (0,),
     "allgather_into_tensor_coalesced": (0,), "allgather_coalesced": (0,),
     "reduce_scatter": (0,), "reduce_scatter_single": (0,), "_reduce_scatter_base": (0,),
     "reduce_scatter_tensor_coalesced": (0,), "alltoall": (0,), "all_to_all_single": (0,),
-    "alltoall_base": (0,), "gather": (0,), "scatter": (0,),
+    "alltoall_base": (0,), "gather": (0,), "scatter": (0,), "barrier": (),
     "send": (), "recv": (0,), "recv_anysource": (0,),
 }
+# Sends and receives join the held batch (recv_anysource issues it itself).
+_P2P = ("send", "recv", "recv_anysource")
 
 
-def _with_cuda(method, name: str):
-    """The operation on CUDA tensors, staged through host memory (`monel._cuda`), which is
-    imported only when a CUDA tensor arrives."""
+def _entry(method, name: str):
+    """Every operation's way in: held sends and receives go before any other operation;
+    torch's per-call timeout (`opts.timeout`) holds for it; CUDA tensors are staged through
+    host memory (`monel._cuda`, imported only when a CUDA tensor arrives)."""
     outputs = _OUTPUTS[name]
+    p2p = name in _P2P
 
     @functools.wraps(method)
     def run(self, *args, **kwargs):
+        if not p2p and self._pending is not None:
+            self._flush_p2p()
+        opts = kwargs.get("opts", args[-1] if args else None)
+        op = method
+        if _call_timeout(opts) is not None:
+            def op(pg, *a, **k):
+                return pg._timed(opts, lambda: method(pg, *a, **k))
         if not any(t.is_cuda for a in args for t in tensors_in(a)):
-            return method(self, *args, **kwargs)
+            return op(self, *args, **kwargs)
         from monel import _cuda
 
         if self._coalesced is not None and name in ("send", "recv"):
-            return _cuda.staged_coalesced(self, method, args, outputs, name)
-        return _cuda.staged(self, method, args, kwargs, outputs, name)
+            return _cuda.staged_coalesced(self, op, args, outputs, name)
+        return _cuda.staged(self, op, args, kwargs, outputs, name)
 
     return run
 
 
-def _with_call_timeout(method):
-    """The operation under torch's per-call timeout (`opts.timeout`), where one is given."""
-
-    @functools.wraps(method)
-    def run(self, *args, **kwargs):
-        if self._pending is not None:
-            self._flush_p2p()  # held sends and receives go first, in order
-        opts = kwargs.get("opts", args[-1] if args else None)
-        return self._timed(opts, lambda: method(self, *args, **kwargs))
-
-    return run
-
-
-for _name in ("allreduce", "broadcast", "reduce", "allgather", "all_gather_single",
-              "_allgather_base", "allgather_into_tensor_coalesced", "allgather_coalesced",
-              "reduce_scatter", "reduce_scatter_single", "_reduce_scatter_base",
-              "reduce_scatter_tensor_coalesced", "alltoall", "all_to_all_single",
-              "alltoall_base", "gather", "scatter", "barrier"):
-    setattr(ProcessGroupMonel, _name, _with_call_timeout(getattr(ProcessGroupMonel, _name)))
 for _name in _OUTPUTS:
-    setattr(ProcessGroupMonel, _name, _with_cuda(getattr(ProcessGroupMonel, _name), _name))
+    setattr(ProcessGroupMonel, _name, _entry(getattr(ProcessGroupMonel, _name), _name))
 
 
 def empty(size, dtype: torch.dtype = torch.float32, group=None) -> torch.Tensor:

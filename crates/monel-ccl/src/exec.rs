@@ -4,7 +4,7 @@
 //! something else is caught at the first message; an idle link is watched for a peer's abort
 //! or death, so no rank waits out the timeout for a failure another rank already saw.
 
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -863,22 +863,12 @@ pub(crate) fn run(
             }
             let mut woke: Vec<usize> = Vec::new();
             if !ready {
-                // SAFETY: every descriptor belongs to a link in `ctx.links`, which outlives
-                // this poll call; none is closed meanwhile (this thread owns the links).
-                #[allow(unsafe_code)]
-                let mut fds: Vec<PollFd<'_>> = armed
-                    .iter()
-                    .map(|&(_, fd, f)| PollFd::new(unsafe { BorrowedFd::borrow_raw(fd) }, f))
-                    .collect();
-                let ms = (deadline - now).as_millis().clamp(1, 100) as u16;
-                let _ = poll(&mut fds, PollTimeout::from(ms));
+                let fired = sleep_on(armed.iter().map(|&(_, fd, f)| (fd, f)), deadline - now);
                 woke = armed
                     .iter()
-                    .zip(&fds)
-                    .filter(|((p, _, _), f)| {
-                        driven[*p] & 2 == 0 && f.revents().is_some_and(|r| !r.is_empty())
-                    })
-                    .map(|((p, _, _), _)| *p)
+                    .zip(fired)
+                    .filter(|&(&(p, _, _), fired)| fired && driven[p] & 2 == 0)
+                    .map(|(&(p, _, _), _)| p)
                     .collect();
             }
             for &(p, _, _) in armed.iter() {
@@ -974,7 +964,7 @@ pub(crate) fn wait_p2p(
             round = round.wrapping_add(1);
             continue;
         }
-        let mut armed: Vec<(i32, PollFlags)> = Vec::new();
+        let mut armed: Vec<(RawFd, PollFlags)> = Vec::new();
         let mut ready = false;
         for &p in &live {
             let l = links.link(p)?;
@@ -984,20 +974,28 @@ pub(crate) fn wait_p2p(
             }
         }
         if !ready {
-            // SAFETY: every descriptor belongs to a link in `links`, which outlives this
-            // poll call; none is closed meanwhile (this thread owns the links).
-            #[allow(unsafe_code)]
-            let mut fds: Vec<PollFd<'_>> = armed
-                .iter()
-                .map(|&(fd, f)| PollFd::new(unsafe { BorrowedFd::borrow_raw(fd) }, f))
-                .collect();
-            let ms = (deadline - now).as_millis().clamp(1, 100) as u16;
-            let _ = poll(&mut fds, PollTimeout::from(ms));
+            sleep_on(armed.iter().copied(), deadline - now);
         }
         for &p in &live {
             links.link(p)?.disarm();
         }
     }
+}
+
+/// Sleeps until one of the armed link descriptors fires, or `left` passes (100 ms at most,
+/// so the caller looks at its deadline and the idle links again); says which fired.
+fn sleep_on(armed: impl Iterator<Item = (RawFd, PollFlags)>, left: Duration) -> Vec<bool> {
+    // SAFETY: every descriptor belongs to a link the calling thread owns, which outlives
+    // this poll call; none is closed meanwhile.
+    #[allow(unsafe_code)]
+    let mut fds: Vec<PollFd<'_>> = armed
+        .map(|(fd, f)| PollFd::new(unsafe { BorrowedFd::borrow_raw(fd) }, f))
+        .collect();
+    let ms = left.as_millis().clamp(1, 100) as u16;
+    let _ = poll(&mut fds, PollTimeout::from(ms));
+    fds.iter()
+        .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
+        .collect()
 }
 
 /// Tells every peer that rank `from` gave up, and why (an abort frame; see
