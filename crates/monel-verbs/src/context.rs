@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::config::ContextConfig;
 use crate::counters::DeviceCounters;
 use crate::cq::CompletionQueue;
-use crate::device::Device;
+use crate::device::{Device, GidEntry, PortAttr};
 use crate::error::{Result, VerbsError};
 use crate::event::AsyncEvent;
 use crate::limits;
@@ -35,13 +35,25 @@ impl Context {
         })
     }
 
-    /// The device.
+    /// The device, as listed when it was opened.
     pub fn device(&self) -> &Device {
         self.ops.device()
     }
     /// The configuration.
     pub fn config(&self) -> &ContextConfig {
         self.ops.config()
+    }
+    /// GID table entry `index` as it is now (`ibv_query_gid`): a soft device's table follows
+    /// its interface's addresses (an address that appears takes the first unused index; one
+    /// that goes leaves its entry zero), so a GID is read here rather than from the listing
+    /// in [`Self::device`]. An index past the table is an error; an unused one is a zero GID.
+    pub fn query_gid(&self, index: u8) -> Result<GidEntry> {
+        self.ops.query_gid(index)
+    }
+    /// The port's attributes as they are now (`ibv_query_port`): state, MTUs, GID table
+    /// length.
+    pub fn query_port(&self) -> PortAttr {
+        self.ops.query_port()
     }
     /// The UDP address bound for GID `index`.
     pub fn local_addr(&self, gid_index: u8) -> Result<SocketAddr> {

@@ -122,11 +122,33 @@ fn guid_from(ifname: &str, first: Option<IpAddr>) -> u64 {
     }
 }
 
-/// One soft device per IP interface that has addresses.
-pub fn soft_devices() -> Result<Vec<Device>> {
+/// An interface as `getifaddrs` shows it: its addresses (tentative IPv6 ones included) with
+/// its index, and whether its link works.
+pub(crate) struct Interface {
+    pub(crate) name: String,
+    pub(crate) addrs: Vec<(IpAddr, u32)>,
+    /// Up and running (carrier), as rxe's port is active on such a net device. From the
+    /// interface flags rather than sysfs, which shows the namespace it was mounted in.
+    pub(crate) up: bool,
+}
+
+/// Every interface, with or without addresses, in the order the kernel lists them.
+pub(crate) fn interfaces() -> Result<Vec<Interface>> {
+    use nix::net::if_::InterfaceFlags as F;
     let addrs = nix::ifaddrs::getifaddrs().map_err(|e| VerbsError::io("ibv_get_device_list", e))?;
-    let mut by_if: Vec<(String, Vec<(IpAddr, u32)>)> = Vec::new();
+    let mut out: Vec<Interface> = Vec::new();
     for a in addrs {
+        let i = match out.iter().position(|i| i.name == a.interface_name) {
+            Some(i) => i,
+            None => {
+                out.push(Interface {
+                    name: a.interface_name.clone(),
+                    addrs: Vec::new(),
+                    up: a.flags.contains(F::IFF_UP) && a.flags.contains(F::IFF_RUNNING),
+                });
+                out.len() - 1
+            }
+        };
         let Some(sa) = a.address else { continue };
         let ip = if let Some(v4) = sa.as_sockaddr_in() {
             IpAddr::V4(v4.ip())
@@ -136,15 +158,37 @@ pub fn soft_devices() -> Result<Vec<Device>> {
             continue;
         };
         let ifindex = nix::net::if_::if_nametoindex(a.interface_name.as_str()).unwrap_or(0);
-        match by_if.iter_mut().find(|(n, _)| *n == a.interface_name) {
-            Some((_, v)) => v.push((ip, ifindex)),
-            None => by_if.push((a.interface_name.clone(), vec![(ip, ifindex)])),
-        }
+        out[i].addrs.push((ip, ifindex));
     }
-    Ok(by_if
+    Ok(out)
+}
+
+/// The addresses interface `ifname` holds now (none if it has none or does not exist).
+pub(crate) fn interface_addresses(ifname: &str) -> Result<Vec<(IpAddr, u32)>> {
+    Ok(interfaces()?
         .into_iter()
-        .map(|(ifname, ips)| build(&ifname, ips))
+        .find(|i| i.name == ifname)
+        .map(|i| i.addrs)
+        .unwrap_or_default())
+}
+
+/// One soft device per IP interface that has addresses.
+pub fn soft_devices() -> Result<Vec<Device>> {
+    Ok(interfaces()?
+        .into_iter()
+        .filter(|i| !i.addrs.is_empty())
+        .map(|i| build(&i.name, i.addrs, i.up))
         .collect())
+}
+
+/// The soft device of interface `ifname` even while it has no address (its GID table then
+/// starts empty and fills as addresses appear, see [`crate::Context::query_gid`]); `None`
+/// if there is no such interface.
+pub(crate) fn soft_device_of(ifname: &str) -> Result<Option<Device>> {
+    Ok(interfaces()?
+        .into_iter()
+        .find(|i| i.name == ifname)
+        .map(|i| build(&i.name, i.addrs, i.up)))
 }
 
 /// The local address the kernel would send from towards `to` (the route's source). A
@@ -164,17 +208,21 @@ pub(crate) fn is_link_local(ip: &IpAddr) -> bool {
     matches!(ip, IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80)
 }
 
-fn build(ifname: &str, mut ips: Vec<(IpAddr, u32)>) -> Device {
-    // rxe order: link-local IPv6 first, then IPv4 (as mapped GIDs), then other IPv6.
-    ips.sort_by_key(|(ip, _)| match ip {
+/// rxe's order of a GID table: link-local IPv6 first, then IPv4 (as mapped GIDs), then
+/// other IPv6.
+pub(crate) fn rxe_order(ip: &IpAddr) -> u8 {
+    match ip {
         _ if is_link_local(ip) => 0,
         IpAddr::V4(_) => 1,
         IpAddr::V6(_) => 2,
-    });
+    }
+}
+
+fn build(ifname: &str, mut ips: Vec<(IpAddr, u32)>, up: bool) -> Device {
+    ips.sort_by_key(|(ip, _)| rxe_order(ip));
     let link_mtu = sysfs(ifname, "mtu")
         .and_then(|s| s.parse().ok())
         .unwrap_or(1500);
-    let up = sysfs(ifname, "operstate").is_none_or(|s| s != "down");
     Device {
         name: format!("monel_{ifname}"),
         provider: Provider::Soft,
@@ -198,24 +246,42 @@ impl Device {
     /// interface holding the address supplies the MTU; an address on no interface (any of
     /// 127.0.0.0/8 counts as `lo`) is refused.
     pub fn bind(ip: IpAddr) -> Result<Self> {
-        let all = soft_devices()?;
-        let on_if = all
-            .iter()
-            .find(|d| d.gids.iter().any(|g| g.gid.to_ip() == ip));
-        let ifname = match (on_if, ip) {
-            (Some(d), _) => d.ifname.clone(),
-            (None, IpAddr::V4(a)) if a.is_loopback() => "lo".to_string(),
-            _ => {
-                return Err(VerbsError::new(
+        let all = interfaces()?;
+        let on_if = all.iter().find(|i| i.addrs.iter().any(|&(a, _)| a == ip));
+        let iface = on_if
+            .or_else(|| match ip {
+                IpAddr::V4(a) if a.is_loopback() => all.iter().find(|i| i.name == "lo"),
+                _ => None,
+            })
+            .ok_or_else(|| {
+                VerbsError::new(
                     "ibv_open_device",
                     ErrorKind::NotFound(format!("no interface holds address {ip}")),
-                ));
-            }
-        };
-        let ifindex = nix::net::if_::if_nametoindex(ifname.as_str()).unwrap_or(0);
-        let mut d = build(&ifname, vec![(ip, ifindex)]);
-        d.name = format!("monel_{ifname}_{ip}");
+                )
+            })?;
+        let ifindex = nix::net::if_::if_nametoindex(iface.name.as_str()).unwrap_or(0);
+        let mut d = build(&iface.name, vec![(ip, ifindex)], iface.up);
+        d.name = format!("monel_{}_{ip}", iface.name);
         Ok(d)
+    }
+
+    /// True for a soft device on a whole interface, whose GID table follows the interface's
+    /// addresses once open (a device bound to one address keeps that one).
+    pub fn follows_interface(&self) -> bool {
+        self.provider == Provider::Soft && self.name == format!("monel_{}", self.ifname)
+    }
+
+    /// Reads a soft device's link state and MTU again from the interface.
+    pub(crate) fn refresh_link(&mut self) {
+        if self.provider != Provider::Soft {
+            return;
+        }
+        if let Some(m) = sysfs(&self.ifname, "mtu").and_then(|s| s.parse().ok()) {
+            self.link_mtu = m;
+        }
+        if let Ok(all) = interfaces() {
+            self.up = all.iter().any(|i| i.name == self.ifname && i.up);
+        }
     }
 
     /// True for a kernel RDMA device driven through rdma-core.
@@ -223,7 +289,7 @@ impl Device {
         matches!(self.provider, Provider::RdmaCore { .. })
     }
 
-    /// The port's attributes (`ibv_query_port`), as of listing.
+    /// The port's attributes, as of listing ([`crate::Context::query_port`] reads them now).
     pub fn port_attr(&self) -> PortAttr {
         let (max_mtu, active_mtu) = match self.provider {
             Provider::Soft => (Mtu::Mtu4096, active_mtu_for(self.link_mtu)),
@@ -246,7 +312,7 @@ impl Device {
         }
     }
 
-    /// The GID at `index` (`ibv_query_gid`).
+    /// The GID at `index`, as of listing ([`crate::Context::query_gid`] reads the table now).
     pub fn gid(&self, index: u8) -> Result<GidEntry> {
         self.gids.get(usize::from(index)).copied().ok_or_else(|| {
             VerbsError::new(

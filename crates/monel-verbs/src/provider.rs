@@ -29,7 +29,7 @@ use crate::WorkCompletion;
 use crate::attr::{AhAttr, QpCap, QpType, SrqAttr};
 use crate::config::ContextConfig;
 use crate::counters::DeviceCounters;
-use crate::device::{Device, Gid};
+use crate::device::{Device, Gid, GidEntry, PortAttr};
 use crate::error::Result;
 use crate::event::AsyncEvent;
 
@@ -39,6 +39,10 @@ pub(crate) trait ContextOps: Send + Sync + Debug {
     fn config(&self) -> &ContextConfig;
     /// The UDP address bound for GID `gid_index`.
     fn local_addr(&self, gid_index: u8) -> Result<SocketAddr>;
+    /// GID table entry `index` now (a zero GID for an unused entry).
+    fn query_gid(&self, index: u8) -> Result<GidEntry>;
+    /// The port's attributes now.
+    fn query_port(&self) -> PortAttr;
     fn alloc_pd(&self) -> Arc<dyn PdOps>;
     fn create_cq(&self, cqe: usize) -> Result<Arc<dyn CqOps>>;
     fn poll_async_event(&self) -> Option<AsyncEvent>;

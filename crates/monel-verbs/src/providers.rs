@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::config::ContextConfig;
-use crate::device::{Device, Provider, soft_devices};
+use crate::device::{Device, Provider, soft_device_of, soft_devices};
 use crate::error::{ErrorKind, Result, VerbsError};
 use crate::provider::ContextOps;
 
@@ -39,21 +39,26 @@ impl Device {
     }
 
     /// Finds a device by name (`rxe0`, `mlx5_0:2`, `monel_lo`), or the soft device of an
-    /// interface (`lo`).
+    /// interface (`lo`), also one with no address yet (its GID table fills as addresses
+    /// appear).
     pub fn by_name(name: &str) -> Result<Self> {
         let all = devices()?;
         if let Some(d) = all.iter().find(|d| d.name == name) {
             return Ok(d.clone());
         }
         let known: Vec<&str> = all.iter().map(|d| d.name.as_str()).collect();
-        all.iter()
+        if let Some(d) = all
+            .iter()
             .find(|d| d.provider == Provider::Soft && d.ifname == name)
-            .cloned()
-            .ok_or_else(|| {
-                VerbsError::new(
-                    "ibv_get_device_list",
-                    ErrorKind::NotFound(format!("{name} (devices: {})", known.join(", "))),
-                )
-            })
+        {
+            return Ok(d.clone());
+        }
+        let ifname = name.strip_prefix("monel_").unwrap_or(name);
+        soft_device_of(ifname)?.ok_or_else(|| {
+            VerbsError::new(
+                "ibv_get_device_list",
+                ErrorKind::NotFound(format!("{name} (devices: {})", known.join(", "))),
+            )
+        })
     }
 }

@@ -140,7 +140,6 @@ impl Nic {
                 .unwrap_or(0);
             (i, chosen.clone())
         };
-        let gid = dev.gid(sgid_index).map_err(|e| e.to_string())?.gid;
         let mtu = dev.port_attr().active_mtu;
         let ctx = Context::open(
             &dev,
@@ -151,6 +150,7 @@ impl Nic {
             },
         )
         .map_err(|e| e.to_string())?;
+        let gid = ctx.query_gid(sgid_index).map_err(|e| e.to_string())?.gid;
         let port = ctx
             .local_addr(sgid_index)
             .map_err(|e| e.to_string())?

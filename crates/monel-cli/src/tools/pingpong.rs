@@ -259,7 +259,7 @@ pub(crate) fn run(ctx: &Context, role: &Role, o: &Options) -> Result<Report> {
         }
         Ok(n)
     };
-    let gid = ctx.device().gid(o.gid_index)?.gid;
+    let gid = ctx.query_gid(o.gid_index)?.gid;
     let me = Dest {
         lid: 0,
         qpn: qp.qp_num(),

@@ -103,7 +103,7 @@ pub(crate) fn run(ctx: &Context, role: &Role, o: &Options, num_qp: usize) -> Res
         Ok(n)
     };
     let mut routs = post_recv(o.rx_depth)?;
-    let gid = ctx.device().gid(o.gid_index)?.gid;
+    let gid = ctx.query_gid(o.gid_index)?.gid;
     let mine: Vec<Dest> = qps
         .iter()
         .map(|qp| Dest {

@@ -13,9 +13,10 @@ use super::pd::HwPd;
 use super::raw::{RawCtx, set_nonblocking};
 use crate::config::ContextConfig;
 use crate::counters::DeviceCounters;
-use crate::device::{Device, Provider};
+use crate::device::{Device, GidEntry, PortAttr, Provider};
 use crate::error::{ErrorKind, Result, VerbsError};
 use crate::event::AsyncEvent;
+use crate::gid::GidKind;
 use crate::provider::{ContextOps, CqOps, PdOps};
 
 /// An open rdma-core device.
@@ -72,6 +73,60 @@ impl ContextOps for HwContext {
     fn local_addr(&self, gid_index: u8) -> Result<SocketAddr> {
         let g = self.device.gid(gid_index)?;
         Ok(SocketAddr::new(g.gid.to_ip(), monel_wire::ROCE_V2_UDP_PORT))
+    }
+
+    fn query_gid(&self, index: u8) -> Result<GidEntry> {
+        let port = self.raw.port;
+        let len = super::device::query_port(self.raw.lib, self.raw.ctx, port)
+            .map(|a| usize::try_from(a.gid_tbl_len).unwrap_or(0))
+            .unwrap_or(self.device.gids.len());
+        if usize::from(index) >= len {
+            return Err(VerbsError::new(
+                "ibv_query_gid",
+                ErrorKind::NotFound(format!(
+                    "GID index {index} ({} port {port} has {len} entries)",
+                    self.device.name
+                )),
+            ));
+        }
+        let kernel_name = self
+            .device
+            .name
+            .split(':')
+            .next()
+            .unwrap_or(&self.device.name);
+        let root = std::path::Path::new(super::sysfs::SYSFS_ROOT);
+        Ok(
+            match super::sysfs::read_gid(root, kernel_name, port, u16::from(index)) {
+                Some((slot, ndev)) => GidEntry {
+                    gid: slot.gid,
+                    ifindex: ndev
+                        .and_then(|n| nix::net::if_::if_nametoindex(n.as_str()).ok())
+                        .unwrap_or(0),
+                    kind: slot.kind,
+                },
+                None => GidEntry {
+                    gid: Default::default(),
+                    ifindex: 0,
+                    kind: GidKind::RoceV2,
+                },
+            },
+        )
+    }
+    fn query_port(&self) -> PortAttr {
+        let mut d = self.device.clone();
+        if let Ok(attr) = super::device::query_port(self.raw.lib, self.raw.ctx, self.raw.port) {
+            d.up = attr.state == ffi::IBV_PORT_ACTIVE;
+            d.provider = Provider::RdmaCore {
+                port: self.raw.port,
+                max_mtu: super::device::mtu_of(attr.max_mtu),
+                active_mtu: super::device::mtu_of(attr.active_mtu),
+            };
+            let mut p = d.port_attr();
+            p.gid_tbl_len = u32::try_from(attr.gid_tbl_len).unwrap_or(0);
+            return p;
+        }
+        d.port_attr()
     }
 
     fn alloc_pd(&self) -> Arc<dyn PdOps> {

@@ -113,6 +113,21 @@ fn read_port(dir: &Path, num: u8) -> SysPort {
     }
 }
 
+/// GID entry `index` of port `port` of device `dev` under `root` now: its GID, kind and
+/// network device (`None` for an unused or untyped entry).
+pub fn read_gid(root: &Path, dev: &str, port: u8, index: u16) -> Option<(GidSlot, Option<String>)> {
+    let dir = root.join(dev).join(format!("ports/{port}"));
+    let link_layer = text(&dir.join("link_layer")).unwrap_or_default();
+    let gid = text(&dir.join(format!("gids/{index}"))).and_then(|s| parse_gid(&s))?;
+    if gid.0 == [0; 16] {
+        return None;
+    }
+    let kind = text(&dir.join(format!("gid_attrs/types/{index}")))
+        .and_then(|t| GidKind::from_sysfs(&t, &link_layer))?;
+    let ndev = text(&dir.join(format!("gid_attrs/ndevs/{index}")));
+    Some((GidSlot { index, gid, kind }, ndev))
+}
+
 /// Every device under `root` (normally [`SYSFS_ROOT`]), by name; an empty list when the
 /// directory is missing (no RDMA in this kernel).
 pub fn scan(root: &Path) -> io::Result<Vec<SysDevice>> {

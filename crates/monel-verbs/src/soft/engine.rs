@@ -18,7 +18,7 @@ use nix::poll::{PollFd, PollFlags, ppoll};
 use nix::sys::time::TimeSpec;
 
 use super::mr::PdMemory;
-use super::netio::{MAX_DATAGRAM, RxBatch, RxMeta};
+use super::netio::{MAX_DATAGRAM, RxBatch, RxMeta, SockTable};
 use super::qp_kind::QpKind;
 use super::queues::CqShared;
 use super::shared::{Core, DevShared, device_event};
@@ -160,57 +160,86 @@ pub(crate) fn run(shared: &DevShared) {
     let mut tx = TxBatch::new(n * TX_BATCH_FACTOR);
     let mut icrc = IcrcChecker::new();
     let mut next_timer: Option<Instant> = None;
-    let socks = &shared.sockets.socks;
-    let mut fds: Vec<PollFd<'_>> = socks
-        .iter()
-        .map(|s| PollFd::new(s.udp.as_fd(), PollFlags::POLLIN))
-        .chain([PollFd::new(shared.doorbell.as_fd(), PollFlags::POLLIN)])
-        .collect();
-    loop {
-        if shared.stop.load(Ordering::Acquire) {
-            // Last words: what application threads deferred.
-            service(shared, &mut tx, Scope::All);
-            return;
+    // The sockets of the GID table of the moment, then the doorbell and the address watch;
+    // built again when the table changes.
+    'table: loop {
+        let generation = shared.sockets.generation();
+        let table = shared.sockets.load();
+        let socks = table.receiving().len();
+        let mut fds: Vec<PollFd<'_>> = table
+            .receiving()
+            .map(|(_, s)| PollFd::new(s.udp.as_fd(), PollFlags::POLLIN))
+            .chain([PollFd::new(shared.doorbell.as_fd(), PollFlags::POLLIN)])
+            .chain(
+                shared
+                    .addr_watch
+                    .as_ref()
+                    .map(|w| PollFd::new(w.as_fd(), PollFlags::POLLIN)),
+            )
+            .collect();
+        loop {
+            if shared.sockets.generation() != generation {
+                continue 'table;
+            }
+            if shared.stop.load(Ordering::Acquire) {
+                // Last words: what application threads deferred.
+                service(shared, &mut tx, Scope::All);
+                return;
+            }
+            let callers = shared.callers.load(Ordering::Acquire) > 0;
+            let t0 = now(shared).as_nanos();
+            // Nanosecond timeouts: pacing gaps and retransmit timers are microseconds apart.
+            // While application threads poll, they may leave ACKs for this thread's next pass.
+            // Not watching until the poll time is read: a thread that arms a completion channel
+            // meanwhile (resetting `last_poll_ns`, see `CompletionQueue::req_notify`) either sees
+            // this and rings, or its reset is seen here.
+            shared.engine_watches.store(false, Ordering::SeqCst);
+            let at = shared.last_poll_ns.load(Ordering::SeqCst);
+            let polled = at != 0 && t0.saturating_sub(at) < POLLED_NS;
+            shared
+                .engine_watches
+                .store(!(callers || polled), Ordering::SeqCst);
+            let cap = if callers || polled {
+                CALLER_SLEEP_NS
+            } else {
+                MAX_SLEEP_NS
+            };
+            let wait_ns = match next_timer {
+                None => cap,
+                Some(t) => t.as_nanos().saturating_sub(t0).min(cap),
+            };
+            shared.core().engine_wake_at = Some(Instant::from_nanos(t0 + wait_ns));
+            let ts = TimeSpec::from_duration(std::time::Duration::from_nanos(wait_ns));
+            // While application threads drive the sockets, a datagram must not wake this one too.
+            let set = if callers || polled {
+                &mut fds[socks..]
+            } else {
+                &mut fds[..]
+            };
+            let _ = ppoll(set, Some(ts), None);
+            let _ = shared.doorbell.read();
+            if shared.addr_watch.as_ref().is_some_and(|w| w.drain()) {
+                follow_addresses(shared);
+            }
+            // An application thread that started waiting while this one slept owns the sockets.
+            if shared.callers.load(Ordering::Acquire) == 0 {
+                receive_all(shared, &mut rx, &mut icrc);
+            }
+            // Timers, transmit, completions.
+            next_timer = service(shared, &mut tx, Scope::All);
         }
-        let callers = shared.callers.load(Ordering::Acquire) > 0;
-        let t0 = now(shared).as_nanos();
-        // Nanosecond timeouts: pacing gaps and retransmit timers are microseconds apart.
-        // While application threads poll, they may leave ACKs for this thread's next pass.
-        // Not watching until the poll time is read: a thread that arms a completion channel
-        // meanwhile (resetting `last_poll_ns`, see `CompletionQueue::req_notify`) either sees
-        // this and rings, or its reset is seen here.
-        shared.engine_watches.store(false, Ordering::SeqCst);
-        let at = shared.last_poll_ns.load(Ordering::SeqCst);
-        let polled = at != 0 && t0.saturating_sub(at) < POLLED_NS;
-        shared
-            .engine_watches
-            .store(!(callers || polled), Ordering::SeqCst);
-        let cap = if callers || polled {
-            CALLER_SLEEP_NS
-        } else {
-            MAX_SLEEP_NS
-        };
-        let wait_ns = match next_timer {
-            None => cap,
-            Some(t) => t.as_nanos().saturating_sub(t0).min(cap),
-        };
-        shared.core().engine_wake_at = Some(Instant::from_nanos(t0 + wait_ns));
-        let ts = TimeSpec::from_duration(std::time::Duration::from_nanos(wait_ns));
-        // While application threads drive the sockets, a datagram must not wake this one too.
-        let set = if callers || polled {
-            &mut fds[socks.len()..]
-        } else {
-            &mut fds[..]
-        };
-        let _ = ppoll(set, Some(ts), None);
-        let _ = shared.doorbell.read();
-        // An application thread that started waiting while this one slept owns the sockets.
-        if shared.callers.load(Ordering::Acquire) == 0 {
-            receive_all(shared, &mut rx, &mut icrc);
-        }
-        // Timers, transmit, completions.
-        next_timer = service(shared, &mut tx, Scope::All);
     }
+}
+
+/// The interface's addresses changed: the GID table follows (threads waiting on a CQ take
+/// the new table within [`TABLE_CHECK`]).
+fn follow_addresses(shared: &DevShared) {
+    let Ok(addrs) = crate::device::interface_addresses(&shared.device.ifname) else {
+        return;
+    };
+    shared
+        .sockets
+        .follow(&shared.device.name, &addrs, &shared.config);
 }
 
 /// Reads every socket dry, delivering to the QPs. Returns the datagrams read.
@@ -221,7 +250,8 @@ fn receive_all(shared: &DevShared, rx: &mut RxBatch, icrc: &mut IcrcChecker) -> 
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
     let mut total = 0;
-    for (si, sock) in shared.sockets.socks.iter().enumerate() {
+    let table = shared.sockets.load();
+    for (si, sock) in table.receiving() {
         loop {
             let got = rx.recv(sock);
             if got == 0 {
@@ -358,6 +388,10 @@ impl<'a> PollSet<'a> {
     }
 }
 
+/// How often a thread waiting on a CQ looks for a new GID table (the progress thread, which
+/// follows the addresses, leaves the sockets to it meanwhile).
+const TABLE_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Blocks until `cq` has a completion or `deadline` passes, driving the device's sockets on
 /// this thread meanwhile. The datagram that completes a work request wakes the thread
 /// waiting for it directly.
@@ -365,52 +399,60 @@ pub(crate) fn wait_cq(shared: &DevShared, cq: &CqShared, deadline: std::time::In
     if cq.has_completions() {
         return true;
     }
-    let mut set = PollSet::new(
-        shared.sockets.socks.iter().map(|s| s.udp.as_fd()),
-        cq.channel.as_fd(),
-    );
-    let fds = set.fds();
     shared.callers.fetch_add(1, Ordering::AcqRel);
-    let got = loop {
-        if cq.has_completions() {
-            break true;
-        }
-        let now_w = std::time::Instant::now();
-        if now_w >= deadline {
-            break false;
-        }
-        // Not returning yet: what was deferred goes out now (a streaming sender must not
-        // wait for its ACKs until the sockets run dry).
-        send_deferred(shared);
-        if shared.config.busy_poll {
-            // Responses to what arrives wait in `pending_tx` for the caller's next post or
-            // the next pass here.
-            if !caller_receive(shared) {
-                std::hint::spin_loop();
+    let got = 'table: loop {
+        // The sockets of the GID table of the moment (taken again when it changes).
+        let generation = shared.sockets.generation();
+        let table = shared.sockets.load();
+        let mut set = PollSet::new(
+            table.receiving().map(|(_, s)| s.udp.as_fd()),
+            cq.channel.as_fd(),
+        );
+        let fds = set.fds();
+        break loop {
+            if cq.has_completions() {
+                break true;
             }
-            continue;
-        }
-        // Sleep on the sockets and the CQ's channel (the progress thread may complete work
-        // for this CQ through a timer). ppoll is the check for data too: no read is tried
-        // on a socket it has not found readable.
-        cq.req_notify();
-        if cq.has_completions() {
-            break true;
-        }
-        let ts = TimeSpec::from_duration(deadline - now_w);
-        let _ = ppoll(fds, Some(ts), None);
-        // Woken by a datagram: this thread completes its own work, with no channel write.
-        cq.disarm();
-        let ready = |f: &PollFd<'_>| {
-            f.revents()
-                .is_some_and(|r| r.intersects(PollFlags::POLLIN | PollFlags::POLLERR))
+            if shared.sockets.generation() != generation {
+                continue 'table;
+            }
+            let now_w = std::time::Instant::now();
+            if now_w >= deadline {
+                break false;
+            }
+            // Not returning yet: what was deferred goes out now (a streaming sender must not
+            // wait for its ACKs until the sockets run dry).
+            send_deferred(shared);
+            if shared.config.busy_poll {
+                // Responses to what arrives wait in `pending_tx` for the caller's next post or
+                // the next pass here.
+                if !caller_receive(shared) {
+                    std::hint::spin_loop();
+                }
+                continue;
+            }
+            // Sleep on the sockets and the CQ's channel (the progress thread may complete work
+            // for this CQ through a timer). ppoll is the check for data too: no read is tried
+            // on a socket it has not found readable.
+            cq.req_notify();
+            if cq.has_completions() {
+                break true;
+            }
+            let ts = TimeSpec::from_duration((deadline - now_w).min(TABLE_CHECK));
+            let _ = ppoll(fds, Some(ts), None);
+            // Woken by a datagram: this thread completes its own work, with no channel write.
+            cq.disarm();
+            let ready = |f: &PollFd<'_>| {
+                f.revents()
+                    .is_some_and(|r| r.intersects(PollFlags::POLLIN | PollFlags::POLLERR))
+            };
+            if fds.last().is_some_and(ready) {
+                let _ = cq.channel.read();
+            }
+            if fds[..fds.len() - 1].iter().any(ready) {
+                caller_receive(shared);
+            }
         };
-        if fds.last().is_some_and(ready) {
-            let _ = cq.channel.read();
-        }
-        if fds[..fds.len() - 1].iter().any(ready) {
-            caller_receive(shared);
-        }
     };
     shared.callers.fetch_sub(1, Ordering::AcqRel);
     hand_over_deferred(shared);
@@ -548,8 +590,8 @@ fn accepted(before: &monel_rc::QpStats, after: &monel_rc::QpStats) -> bool {
     rejects(before) == rejects(after)
 }
 
-fn flush(tx: &mut TxBatch, shared: &DevShared, c: &mut crate::DeviceCounters) {
-    let f = tx.flush(&shared.sockets);
+fn flush(tx: &mut TxBatch, socks: &SockTable, c: &mut crate::DeviceCounters) {
+    let f = tx.flush(socks);
     c.tx_packets += f.sent;
     c.tx_errors += f.failed;
     c.tx_batches += f.calls;
@@ -602,6 +644,7 @@ fn service(shared: &DevShared, tx: &mut TxBatch, scope: Scope) -> Option<Instant
         return None;
     }
     let transmit = scope != Scope::Received;
+    let socks = shared.sockets.load();
     let mut mrs = shared.mrs.lock().unwrap_or_else(PoisonError::into_inner);
     let t = now(shared);
     let mut next: Option<Instant> = None;
@@ -612,6 +655,7 @@ fn service(shared: &DevShared, tx: &mut TxBatch, scope: Scope) -> Option<Instant
         };
         let d = service_slot(
             shared,
+            &socks,
             tx,
             &mut mrs,
             &mut core.counters,
@@ -626,7 +670,7 @@ fn service(shared: &DevShared, tx: &mut TxBatch, scope: Scope) -> Option<Instant
             core.pending_tx.push(qpn);
         }
     }
-    flush(tx, shared, &mut core.counters);
+    flush(tx, &socks, &mut core.counters);
     drop(mrs);
     core.scratch = list;
     core.events.extend(out.events);
@@ -644,6 +688,7 @@ fn service(shared: &DevShared, tx: &mut TxBatch, scope: Scope) -> Option<Instant
 /// Frames and queues a UD QP's packets, each to the destination its work request named.
 fn transmit_datagrams(
     shared: &DevShared,
+    socks: &SockTable,
     tx: &mut TxBatch,
     mrs: &mut super::mr::MrTable,
     counters: &mut crate::DeviceCounters,
@@ -657,7 +702,7 @@ fn transmit_datagrams(
     };
     loop {
         if tx.is_full() {
-            flush(tx, shared, counters);
+            flush(tx, socks, counters);
         }
         let buf = tx.next_buf();
         let Some(o) = ud.poll_transmit(&mut buf[TX_HEADROOM..], &mem) else {
@@ -669,22 +714,27 @@ fn transmit_datagrams(
             counters.tx_errors += 1;
             continue;
         };
-        let lane = shared.sockets.lane_of(si, qpn);
-        let framing = framing_to(shared, si, lane, peer, o.av.hop_limit);
+        let lane = socks.lane_of(si, qpn);
+        let Some(framing) = framing_to(shared, socks, si, lane, peer, o.av.hop_limit) else {
+            counters.tx_errors += 1;
+            continue;
+        };
         queue_packet(tx, counters, &framing, (si, lane), peer, o.len);
     }
 }
 
-/// The IP/UDP framing of packets from socket `si` to `peer`.
+/// The IP/UDP framing of packets from socket `si` to `peer` (`None` once GID `si` is
+/// cleared).
 fn framing_to(
     shared: &DevShared,
+    socks: &SockTable,
     si: usize,
     lane: usize,
     peer: SocketAddr,
     hop_limit: u8,
-) -> FrameRepr {
-    let local = shared.sockets.sender(si, lane).local;
-    FrameRepr {
+) -> Option<FrameRepr> {
+    let local = socks.sender(si, lane)?.local;
+    Some(FrameRepr {
         src: IpAddress::from(local.ip()),
         dst: IpAddress::from(peer.ip()),
         src_port: local.port(),
@@ -693,7 +743,7 @@ fn framing_to(
         hop_limit,
         ident: 0,
         flow_label: 0,
-    }
+    })
 }
 
 /// Queues for `peer` the `len`-byte RoCE packet just written after the headroom of the
@@ -724,6 +774,7 @@ struct Outputs {
 #[allow(clippy::too_many_arguments)]
 fn service_slot(
     shared: &DevShared,
+    socks: &SockTable,
     tx: &mut TxBatch,
     mrs: &mut super::mr::MrTable,
     counters: &mut crate::DeviceCounters,
@@ -736,12 +787,19 @@ fn service_slot(
     if slot.qp.poll_timeout().is_some_and(|d| d <= t) {
         slot.qp.handle_timeout(t);
     }
-    if let (true, Some((si, peer)), QpKind::Rc(rc)) = (transmit, slot.peer, &mut slot.qp) {
-        let lane = shared.sockets.lane_of(si, qpn);
-        let framing = framing_to(shared, si, lane, peer, rc.attr().ah_attr.hop_limit);
+    // A QP whose source GID was cleared sends nothing: its retry timer ends it.
+    let rc_path = match (transmit, slot.peer, &slot.qp) {
+        (true, Some((si, peer)), QpKind::Rc(rc)) => {
+            let lane = socks.lane_of(si, qpn);
+            framing_to(shared, socks, si, lane, peer, rc.attr().ah_attr.hop_limit)
+                .map(|f| (f, si, lane, peer))
+        }
+        _ => None,
+    };
+    if let (Some((framing, si, lane, peer)), QpKind::Rc(rc)) = (rc_path, &mut slot.qp) {
         loop {
             if tx.is_full() {
-                flush(tx, shared, counters);
+                flush(tx, socks, counters);
             }
             // Payloads of requests are lent straight from registered memory, unless the
             // packet is sealed (its tag covers the payload).
@@ -767,7 +825,7 @@ fn service_slot(
         }
     }
     if let (true, QpKind::Ud(ud)) = (transmit, &mut slot.qp) {
-        transmit_datagrams(shared, tx, mrs, counters, (qpn, slot.pd), ud);
+        transmit_datagrams(shared, socks, tx, mrs, counters, (qpn, slot.pd), ud);
     }
     // Completions go to their CQ in one locked push, without a buffer of their own.
     if let Some(first) = slot.qp.poll_send_completion() {

@@ -10,13 +10,17 @@
 //!  engine: progress loop, service, deliver (ICRC check, RcQp::handle_packet)
 //!     |
 //!  tx (send batches, GSO, zero-copy lending), netio + mmsg (sockets, recvmmsg/sendmmsg)
+//!     |
+//!  gid_table + addr_watch: the GID table (and its sockets) following the interface's addresses
 //! ```
 //! The progress thread (the "NIC") runs `engine::run`; threads that poll or wait on a CQ
 //! drive the sockets themselves while they do.
 
+mod addr_watch;
 mod ah;
 mod cq;
 mod engine;
+mod gid_table;
 mod gso;
 mod idmap;
 mod mmsg;
@@ -37,6 +41,7 @@ use std::thread::JoinHandle;
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
+use self::addr_watch::AddrWatch;
 use self::cq::SoftCq;
 use self::mr::MrTable;
 use self::netio::Sockets;
@@ -45,7 +50,7 @@ use self::queues::CqShared;
 use self::shared::{Core, DevShared};
 use crate::config::ContextConfig;
 use crate::counters::DeviceCounters;
-use crate::device::Device;
+use crate::device::{Device, GidEntry, PortAttr};
 use crate::error::{Result, VerbsError};
 use crate::event::AsyncEvent;
 use crate::provider::{ContextOps, CqOps, PdOps};
@@ -61,6 +66,27 @@ impl SoftContext {
     /// Binds a UDP socket on every GID's address and starts the progress thread.
     pub(crate) fn open(device: &Device, config: ContextConfig) -> Result<Self> {
         let sockets = Sockets::bind(device, &config)?;
+        // A device on an interface follows its addresses, as rxe's follows netdev events.
+        let addr_watch = if device.follows_interface() {
+            match AddrWatch::open() {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!(
+                        "{}: the GID table stays as opened (no netlink: {e})",
+                        device.name
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        // What changed between the listing and the watch.
+        if addr_watch.is_some() {
+            if let Ok(addrs) = crate::device::interface_addresses(&device.ifname) {
+                sockets.follow(&device.name, &addrs, &config);
+            }
+        }
         let doorbell = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
             .map_err(|e| VerbsError::io("ibv_open_device", e))?;
         let shared = Arc::new(DevShared {
@@ -69,6 +95,7 @@ impl SoftContext {
             core: Mutex::new(Core::default()),
             mrs: Arc::new(Mutex::new(MrTable::default())),
             sockets,
+            addr_watch,
             doorbell,
             stop: AtomicBool::new(false),
             epoch: std::time::Instant::now(),
@@ -97,7 +124,19 @@ impl ContextOps for SoftContext {
         &self.shared.config
     }
     fn local_addr(&self, gid_index: u8) -> Result<SocketAddr> {
-        self.shared.sockets.local_addr(usize::from(gid_index))
+        self.shared
+            .sockets
+            .load()
+            .local_addr(usize::from(gid_index))
+    }
+    fn query_gid(&self, index: u8) -> Result<GidEntry> {
+        self.shared.sockets.load().gid(usize::from(index))
+    }
+    fn query_port(&self) -> PortAttr {
+        let mut d = self.shared.device.clone();
+        d.gids = self.shared.sockets.load().gids.clone();
+        d.refresh_link();
+        d.port_attr()
     }
 
     fn alloc_pd(&self) -> Arc<dyn PdOps> {

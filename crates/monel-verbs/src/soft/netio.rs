@@ -4,14 +4,17 @@
 
 use std::net::{IpAddr, SocketAddr, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use nix::sys::socket::{setsockopt, sockopt};
 
+use super::gid_table::{self, MAX_GIDS};
 use super::mmsg::RecvHeaders;
 use crate::config::ContextConfig;
-use crate::device::{Device, is_link_local};
-use crate::error::{Result, VerbsError};
+use crate::device::{Device, GidEntry, is_link_local};
+use crate::error::{ErrorKind, Result, VerbsError};
+use crate::gid::Gid;
 
 /// Largest datagram accepted: 4096-byte MTU plus every header, with room to spare, so an
 /// oversized packet is seen whole and dropped rather than truncated into something valid.
@@ -29,16 +32,32 @@ pub(crate) struct Sock {
     pub(crate) gso: AtomicBool,
 }
 
-/// The device's sockets, indexed like its GID table.
+/// One GID's sockets.
+#[derive(Debug)]
+pub(crate) struct GidSocks {
+    /// Bound to the RoCE port: everything is received here, and sent from here by default.
+    pub(crate) main: Sock,
+    /// Send-only sockets on ports the kernel picked: a QP sends from one of them (chosen by
+    /// its QPN), so switches hashing the 5-tuple spread QPs over paths, as RoCE NICs and rxe
+    /// do with per-QP source ports. Empty when disabled.
+    pub(crate) lanes: Vec<Sock>,
+}
+
+/// The GID table as it stands, with each entry's sockets (`None` for a cleared entry).
+#[derive(Debug, Default)]
+pub(crate) struct SockTable {
+    pub(crate) gids: Vec<GidEntry>,
+    pub(crate) socks: Vec<Option<Arc<GidSocks>>>,
+}
+
+/// The device's sockets, indexed like its GID table, which may change while the device is
+/// open ([`Sockets::follow`]): users take the table of the moment ([`Sockets::load`]) and
+/// the progress loop and waiting threads watch [`Sockets::generation`] to see it change.
 #[derive(Debug)]
 pub(crate) struct Sockets {
-    /// Bound to the RoCE port: everything is received here, and sent from here by default.
-    pub(crate) socks: Vec<Sock>,
-    /// Per GID, send-only sockets on ports the kernel picked: a QP sends from one of them
-    /// (chosen by its QPN), so switches hashing the 5-tuple spread QPs over paths, as
-    /// RoCE NICs and rxe do with per-QP source ports. Empty when disabled.
-    pub(crate) lanes: Vec<Vec<Sock>>,
-    /// The kernel may hand over coalesced datagrams (UDP GRO), up to 64 KiB at once.
+    table: RwLock<Arc<SockTable>>,
+    generation: AtomicU64,
+    /// Receive buffers take coalesced datagrams (UDP GRO), up to 64 KiB at once.
     pub(crate) gro: bool,
 }
 
@@ -78,15 +97,15 @@ fn bind_free(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     Ok(UdpSocket::from(fd))
 }
 
-/// Binds a socket at `ip`:`port` (0: any free port) with the RoCE socket options; returns it
-/// and whether the kernel takes UDP GRO on it (never on a `send_only` socket).
+/// Binds a socket at `ip`:`port` (0: any free port) with the RoCE socket options, and UDP
+/// GRO where the kernel takes it (never on a `send_only` socket).
 fn open(
     ip: IpAddr,
     port: u16,
     ifindex: u32,
     config: &ContextConfig,
     send_only: bool,
-) -> Result<(Sock, bool)> {
+) -> Result<Sock> {
     const V: &str = "ibv_open_device";
     let addr = match ip {
         IpAddr::V6(a) if is_link_local(&ip) => {
@@ -134,14 +153,25 @@ fn open(
     let _ = setsockopt(&udp, sockopt::SndBuf, &(4 << 20));
     // GRO: a run of datagrams from one sender arrives as one buffer with its segment
     // size (on loopback and veth, a GSO message is never cut at all).
-    let gro = !send_only && config.gso && setsockopt(&udp, sockopt::UdpGroSegment, &true).is_ok();
+    if !send_only && config.gso {
+        let _ = setsockopt(&udp, sockopt::UdpGroSegment, &true);
+    }
     let local = udp.local_addr().map_err(|e| VerbsError::io(V, e))?;
-    let sock = Sock {
+    Ok(Sock {
         udp,
         local,
         gso: AtomicBool::new(config.gso),
-    };
-    Ok((sock, gro))
+    })
+}
+
+/// The sockets of one GID entry.
+fn open_gid(g: &GidEntry, config: &ContextConfig) -> Result<GidSocks> {
+    let ip = g.gid.to_ip();
+    let main = open(ip, config.udp_port, g.ifindex, config, false)?;
+    let lanes = (0..config.source_ports)
+        .map(|_| open(ip, 0, g.ifindex, config, true))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(GidSocks { main, lanes })
 }
 
 impl Sockets {
@@ -155,25 +185,109 @@ impl Sockets {
                 ),
             ));
         }
-        let mut socks = Vec::new();
-        let mut lanes = Vec::new();
-        let mut gro = false;
-        for g in &device.gids {
-            let ip = g.gid.to_ip();
-            let (sock, takes_gro) = open(ip, config.udp_port, g.ifindex, config, false)?;
-            gro |= takes_gro;
-            socks.push(sock);
-            let extra = (0..config.source_ports)
-                .map(|_| open(ip, 0, g.ifindex, config, true).map(|(s, _)| s))
-                .collect::<Result<Vec<_>>>()?;
-            lanes.push(extra);
+        let gids: Vec<GidEntry> = device.gids.iter().take(MAX_GIDS).copied().collect();
+        let socks = gids
+            .iter()
+            .map(|g| open_gid(g, config).map(|s| Some(Arc::new(s))))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            table: RwLock::new(Arc::new(SockTable { gids, socks })),
+            generation: AtomicU64::new(0),
+            gro: config.gso,
+        })
+    }
+
+    /// The table of the moment.
+    pub(crate) fn load(&self) -> Arc<SockTable> {
+        self.table
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Counts the table's changes.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Makes the table follow the interface's addresses `addrs` ([`gid_table::follow`]):
+    /// binds sockets for new entries, closes those of cleared ones (when their last user
+    /// lets go). An address whose sockets cannot be bound stays out of the table, logged.
+    /// Returns whether the table changed.
+    pub(crate) fn follow(
+        &self,
+        device: &str,
+        addrs: &[(IpAddr, u32)],
+        config: &ContextConfig,
+    ) -> bool {
+        let old = self.load();
+        let mut gids = gid_table::follow(&old.gids, addrs);
+        if gids == old.gids {
+            return false;
         }
-        Ok(Self { socks, lanes, gro })
+        let mut socks = Vec::with_capacity(gids.len());
+        for (i, g) in gids.iter_mut().enumerate() {
+            if g.gid == Gid::default() {
+                socks.push(None);
+            } else if old.gids.get(i) == Some(g) {
+                socks.push(old.socks[i].clone());
+            } else {
+                match open_gid(g, config) {
+                    Ok(s) => {
+                        tracing::info!(
+                            "{device}: GID {i} is {} (an address appeared)",
+                            g.gid.to_ip()
+                        );
+                        socks.push(Some(Arc::new(s)));
+                    }
+                    Err(e) => {
+                        tracing::warn!("{device}: no GID for {}: {e}", g.gid.to_ip());
+                        *g = GidEntry {
+                            gid: Gid::default(),
+                            ..*g
+                        };
+                        socks.push(None);
+                    }
+                }
+            }
+        }
+        for (i, g) in old.gids.iter().enumerate() {
+            if g.gid != Gid::default() && gids.get(i).is_none_or(|n| n.gid != g.gid) {
+                tracing::info!(
+                    "{device}: GID {i} ({}) cleared: its address is gone",
+                    g.gid.to_ip()
+                );
+            }
+        }
+        while gids.last().is_some_and(|g| g.gid == Gid::default()) {
+            gids.pop();
+            socks.pop();
+        }
+        *self.table.write().unwrap_or_else(PoisonError::into_inner) =
+            Arc::new(SockTable { gids, socks });
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        true
+    }
+}
+
+impl SockTable {
+    /// The entries that have sockets, with their GID index.
+    pub(crate) fn receiving(&self) -> impl ExactSizeIterator<Item = (usize, &Sock)> + Clone {
+        // Exact-size: a poll set is sized from it.
+        Receiving {
+            socks: &self.socks,
+            next: 0,
+            left: self.socks.iter().filter(|s| s.is_some()).count(),
+        }
     }
 
     /// The lane (0: the RoCE-port socket; k: the k-th send-only socket) QP `qpn` sends from.
     pub(crate) fn lane_of(&self, si: usize, qpn: u32) -> usize {
-        let k = self.lanes.get(si).map_or(0, Vec::len);
+        let k = self
+            .socks
+            .get(si)
+            .and_then(Option::as_ref)
+            .map_or(0, |s| s.lanes.len());
         if k == 0 {
             return 0;
         }
@@ -181,20 +295,60 @@ impl Sockets {
         1 + (qpn.wrapping_mul(0x9e37_79b1) >> 16) as usize % k
     }
 
-    /// The socket of lane `lane` of GID `si`.
-    pub(crate) fn sender(&self, si: usize, lane: usize) -> &Sock {
+    /// The socket of lane `lane` of GID `si`; `None` once the entry is cleared.
+    pub(crate) fn sender(&self, si: usize, lane: usize) -> Option<&Sock> {
+        let g = self.socks.get(si)?.as_ref()?;
         match lane {
-            0 => &self.socks[si],
-            k => &self.lanes[si][k - 1],
+            0 => Some(&g.main),
+            k => g.lanes.get(k - 1),
         }
     }
 
+    /// The UDP address bound for GID `i`.
     pub(crate) fn local_addr(&self, i: usize) -> Result<SocketAddr> {
-        self.socks.get(i).map(|s| s.local).ok_or_else(|| {
+        self.sender(i, 0).map(|s| s.local).ok_or_else(|| {
             VerbsError::invalid("ibv_query_gid", format!("no socket for GID index {i}"))
         })
     }
+
+    /// GID entry `i` (a zero GID for a cleared entry).
+    pub(crate) fn gid(&self, i: usize) -> Result<GidEntry> {
+        self.gids.get(i).copied().ok_or_else(|| {
+            VerbsError::new(
+                "ibv_query_gid",
+                ErrorKind::NotFound(format!("GID index {i} (table has {})", self.gids.len())),
+            )
+        })
+    }
 }
+
+/// [`SockTable::receiving`]'s iterator.
+#[derive(Clone)]
+struct Receiving<'a> {
+    socks: &'a [Option<Arc<GidSocks>>],
+    next: usize,
+    left: usize,
+}
+
+impl<'a> Iterator for Receiving<'a> {
+    type Item = (usize, &'a Sock);
+    fn next(&mut self) -> Option<Self::Item> {
+        while self.next < self.socks.len() {
+            let i = self.next;
+            self.next += 1;
+            if let Some(g) = &self.socks[i] {
+                self.left -= 1;
+                return Some((i, &g.main));
+            }
+        }
+        None
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl ExactSizeIterator for Receiving<'_> {}
 
 /// One received datagram's metadata.
 #[derive(Debug, Clone, Copy)]

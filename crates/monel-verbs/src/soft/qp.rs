@@ -59,6 +59,7 @@ impl QpOps for SoftQp {
         Ok(self
             .shared
             .sockets
+            .load()
             .local_addr(usize::from(gid_index))?
             .port())
     }

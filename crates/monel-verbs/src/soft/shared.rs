@@ -9,6 +9,7 @@ use monel_rc::{AddressVector, QpEvent, QpStats};
 use monel_wire::Qpn;
 use nix::sys::eventfd::EventFd;
 
+use super::addr_watch::AddrWatch;
 use super::idmap::IdMap;
 use super::mr::{MrShared, MrTable};
 use super::netio::Sockets;
@@ -78,6 +79,9 @@ pub(crate) struct DevShared {
     pub(crate) core: Mutex<Core>,
     pub(crate) mrs: Arc<Mutex<MrTable>>,
     pub(crate) sockets: Sockets,
+    /// Address changes on the device's interface, which its GID table follows (`None` for a
+    /// device bound to one address, or where netlink is refused).
+    pub(crate) addr_watch: Option<AddrWatch>,
     pub(crate) doorbell: EventFd,
     pub(crate) stop: AtomicBool,
     pub(crate) epoch: std::time::Instant,
@@ -105,16 +109,21 @@ impl DevShared {
         verb: &'static str,
         av: &AddressVector,
     ) -> Result<(usize, SocketAddr)> {
-        let dev = &self.device;
-        let sgid = dev.gid(av.sgid_index).map_err(|_| {
-            VerbsError::invalid(
-                verb,
-                format!(
-                    "ah_attr.grh.sgid_index {} not in the GID table",
-                    av.sgid_index
-                ),
-            )
-        })?;
+        let sgid = self
+            .sockets
+            .load()
+            .gid(usize::from(av.sgid_index))
+            .ok()
+            .filter(|g| g.gid != Gid::default())
+            .ok_or_else(|| {
+                VerbsError::invalid(
+                    verb,
+                    format!(
+                        "ah_attr.grh.sgid_index {} not in the GID table",
+                        av.sgid_index
+                    ),
+                )
+            })?;
         let dgid = Gid(av.dgid);
         let (sip, dip) = (sgid.gid.to_ip(), dgid.to_ip());
         if sip.is_ipv4() != dip.is_ipv4() {

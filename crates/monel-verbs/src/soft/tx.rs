@@ -15,7 +15,7 @@ use monel_wire::{FrameRepr, ICRC_LEN, IpAddress, RocePacket};
 use super::gso::{self, Message};
 use super::mmsg::{SendHeaders, Src};
 use super::mr::{Lent, MrShared, MrView};
-use super::netio::{MAX_DATAGRAM, Sock, Sockets};
+use super::netio::{MAX_DATAGRAM, Sock, SockTable};
 
 /// A packet queued for sending: the RoCE packet sits at `TX_HEADROOM..TX_HEADROOM + len` of
 /// its buffer, except for payload ranges lent from registered memory (`lent` indexes the
@@ -23,7 +23,7 @@ use super::netio::{MAX_DATAGRAM, Sock, Sockets};
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TxItem {
     pub(crate) si: usize,
-    /// Which of the GID's sockets sends it (see [`Sockets::sender`]).
+    /// Which of the GID's sockets sends it (see [`SockTable::sender`]).
     pub(crate) lane: usize,
     pub(crate) peer: SocketAddr,
     pub(crate) len: usize,
@@ -178,7 +178,7 @@ impl TxBatch {
     }
 
     /// Frames and sends everything queued, socket by socket, in order.
-    pub(crate) fn flush(&mut self, socks: &Sockets) -> Flushed {
+    pub(crate) fn flush(&mut self, socks: &SockTable) -> Flushed {
         let mut f = Flushed::default();
         // Lent payloads: each region they come from is held for reading until sent.
         let mut views: Vec<(*const MrShared, MrView<'_>)> = Vec::new();
@@ -202,7 +202,6 @@ impl TxBatch {
         }
         for s in 0..self.senders.len() {
             let (si, lane) = self.senders[s];
-            let sock = socks.sender(si, lane);
             self.mine.clear();
             self.mine.extend(
                 (0..self.items.len())
@@ -211,6 +210,11 @@ impl TxBatch {
             if self.mine.is_empty() {
                 continue;
             }
+            // The GID was cleared since these packets were queued.
+            let Some(sock) = socks.sender(si, lane) else {
+                f.failed += self.mine.len() as u64;
+                continue;
+            };
             self.keyed.clear();
             self.keyed.extend(
                 self.mine
