@@ -4,7 +4,8 @@
 # message sizes 1 B to 64 KiB; then ibv_ud_pingpong against `monel pingpong --ud`, both
 # directions, 1 B to 4 KiB; every packet captured and every ICRC checked by `monel dump`;
 # then ibv_srq_pingpong against `monel pingpong --srq`, both directions, 1 B to 64 KiB; then
-# perftest's ib_{write,read,send,atomic}_bw against `monel perf --perftest`, both directions; then
+# perftest's ib_{write,read,send,atomic}_{bw,lat} against `monel perf --perftest`, both
+# directions, with -a, -q, -D and -b; then
 # `monel doctor` carried into the VM, where it reads rxe0's GID table; then F, Monel's
 # rdma-core provider on rxe0 in the VM: its verbs tests, pingpong against the host's soft RNIC
 # and against rdma-core's own ibv_rc_pingpong, and every collective on 2 ranks over rxe0.
@@ -115,34 +116,45 @@ done
 wait $vm || { echo "FAIL E: VM side"; fail=1; }
 grep -E "RUN|usec/iter" "$out/vm-e.txt" | grep -v "Couldn't" | paste - - | sed 's/^/  vm: /'
 
-echo "== G: perftest (VM) <-> monel perf --perftest (host), both ways: write, read, send, atomic bandwidth; write, read, send latency"
+echo "== G: perftest (VM) <-> monel perf --perftest (host), both ways: write, read, send, atomic bandwidth; write, read, send, atomic latency; -q, -D, -b"
 gsizes=${RXEVM_PERFTEST_SIZES:-"2 65536"}
 giters=${RXEVM_PERFTEST_ITERS:-100}
-# One run per test, MTU and size: (test, MTU, size) triples, atomics at their 8 bytes.
+# One run per test, MTU and size, with perftest's flags: (test, MTU, size, flags) with the
+# flags' spaces as commas ("-" for none); atomics at their 8 bytes.
 runs=()
 for m in $mtus; do
   for t in write_bw read_bw send_bw write_lat read_lat send_lat; do
-    for s in $gsizes; do runs+=("$t $m $s"); done
+    for s in $gsizes; do runs+=("$t $m $s -"); done
   done
-  runs+=("atomic_bw $m 8")
+  runs+=("atomic_bw $m 8 -" "atomic_lat $m 8 -")
 done
 # -a: every size from 2 B to 8 MiB, 5 iterations each.
-for t in write_bw send_bw write_lat send_lat read_lat; do runs+=("$t 4096 all"); done
+for t in write_bw send_bw write_lat send_lat read_lat; do runs+=("$t 4096 all -"); done
+# Several QPs (-q), a duration instead of iterations (-D), both ways at once (-b).
+for t in write_bw read_bw send_bw atomic_bw; do
+  s=65536; [[ $t == atomic_bw ]] && s=8
+  runs+=("$t 4096 $s -q,3" "$t 4096 $s -D,2" "$t 4096 $s -b" "$t 4096 $s -b,-q,2")
+done
 { echo "set -- $(printf '%s ' "${runs[@]// /:}")"; cat <<'VM'
-split() { t=${1%%:*}; rest=${1#*:}; m=${rest%%:*}; s=${rest#*:}; n=$GITERS; sz="-s $s"; [ "$s" = all ] && { sz=-a; n=5; }; }
+split() {
+  t=${1%%:*}; rest=${1#*:}; m=${rest%%:*}; rest=${rest#*:}; s=${rest%%:*}; f=${rest#*:}
+  n="-n $GITERS"; sz="-s $s"; [ "$s" = all ] && { sz=-a; n="-n 5"; }
+  if [ "$f" = - ]; then f=; else f=$(echo "$f" | tr , ' '); fi
+  case "$f" in *-D*) n= ;; esac
+}
 # A failed attempt is announced with its output, and run again at most twice (the host
 # sees the announcement and runs its side again); a client whose server is not up yet
 # dials again.
 failed() { echo "ATTEMPT FAILED"; cat /tmp/o; fails=$((fails+1)); [ $fails -lt 3 ]; }
 for r in "$@"; do split "$r"
-  echo "RUN srv $t m=$m s=$s"; fails=0
-  until timeout 60 ib_${t} -d rxe0 -x $RXE_GID_IDX -m $m $sz -n $n > /tmp/o 2>&1; do
+  echo "RUN srv $t m=$m s=$s $f"; fails=0
+  until timeout 60 ib_${t} -d rxe0 -x $RXE_GID_IDX -m $m $sz $n $f > /tmp/o 2>&1; do
     failed || exit 1
   done; cat /tmp/o
 done
 for r in "$@"; do split "$r"
-  echo "RUN cli $t m=$m s=$s"; tries=0; fails=0
-  until timeout 60 ib_${t} -d rxe0 -x $RXE_GID_IDX -m $m $sz -n $n 10.77.0.1 > /tmp/o 2>&1; do
+  echo "RUN cli $t m=$m s=$s $f"; tries=0; fails=0
+  until timeout 60 ib_${t} -d rxe0 -x $RXE_GID_IDX -m $m $sz $n $f 10.77.0.1 > /tmp/o 2>&1; do
     if grep -q "Unable to init the socket connection\|Couldn.t connect" /tmp/o; then
       tries=$((tries+1)); [ $tries -lt 100 ] || exit 1; sleep 0.3; continue
     fi
@@ -154,22 +166,30 @@ VM
 # (A script file: the commands are longer than a kernel command line may be.)
 "$here/run.sh" -M 9000 -T 600 -l "$out/vm-g.log" -b "$out/perftest.sh" -c "GITERS=$giters sh /bin/perftest.sh" > "$out/vm-g.txt" 2>&1 &
 vm=$!
-pt() {
-  local sz=(-s "$3" -n "$giters")
+pt() { # test mtu size flags [server]
+  local sz=(-s "$3" -n "$giters") f=()
   [[ $3 == all ]] && sz=(-a -n 5)
-  ip netns exec "$NS" timeout 120 "$monel" perf "${1/_/-}" --perftest -d 10.77.0.1 -m "$2" "${sz[@]}" "${@:4}"
+  [[ $4 == - ]] || read -ra f <<<"${4//,/ }"
+  [[ " ${f[*]} " == *" -D "* ]] && sz=(-s "$3")
+  ip netns exec "$NS" timeout 120 "$monel" perf "${1/_/-}" --perftest -d 10.77.0.1 -m "$2" "${sz[@]}" "${f[@]}" "${@:5}"
 }
-# The report's row: the size and iteration count asked for.
+# The report's row: the size and iteration count asked for (times the QPs with -q; with -D,
+# any count but none, and no peak).
 # With -a: the last row of 8 MiB and 5 iterations, after 22 smaller ones where the side
 # measures (a write_bw server prints only the client's last).
-row_ok() {
-  if [[ $2 == all ]]; then
+row_ok() { # output size [server] flags
+  local q=1 f=${4:--}
+  [[ $f =~ -q,([0-9]+) ]] && q=${BASH_REMATCH[1]}
+  if [[ $f == *-D* ]]; then
+    row=$(echo "$1" | grep -A1 '#bytes' | tail -1)
+    [[ $(echo "$row" | awk '{print $1, ($2 > 0), $3}') == "$2 1 0.00" ]]
+  elif [[ $2 == all ]]; then
     row=$(echo "$1" | grep -A23 '#bytes' | grep -E '^ [0-9]+ +5 ' | tail -1)
     local n; n=$(echo "$1" | grep -A23 '#bytes' | grep -cE '^ [0-9]+ +5 ')
     [[ ($n == 23 || ($n == 1 && ${3:-} == server)) && $(echo "$row" | awk '{print $1, $2}') == "8388608 5" ]]
   else
     row=$(echo "$1" | grep -A1 '#bytes' | tail -1)
-    [[ $(echo "$row" | awk '{print $1, $2}') == "$2 $giters" ]]
+    [[ $(echo "$row" | awk '{print $1, $2}') == "$2 $((giters * q))" ]]
   fi
 }
 # perftest calibrates its clock against gettimeofday before it reports, and under QEMU's
@@ -181,36 +201,36 @@ row_ok() {
 calibs() { grep -c "ATTEMPT FAILED" "$out/vm-g.log" || true; }
 # What perftest printed in its last failed attempt.
 why() { tr -d '\r' < "$out/vm-g.log" | awk '/ATTEMPT FAILED/{t=""; on=1; next} /^RUN /{on=0} on{t=t" "$0} END{print substr(t, 1, 400)}'; }
-one() { # role test mtu size [server]
-  local role=$1 t=$2 m=$3 s=$4 o c0
+one() { # role test mtu size flags [server]
+  local role=$1 t=$2 m=$3 s=$4 f=$5 o c0
   for _ in 1 2 3; do
     kill -0 $vm 2>/dev/null || { echo "FAIL G: the VM side stopped early"; fail=1; return; }
     c0=$(calibs)
-    if o=$(pt "$t" "$m" "$s" "${@:5}" 2>&1) &&
-      if [[ $role == server ]]; then [[ $t == read_lat ]] || row_ok "$o" "$s" server; else row_ok "$o" "$s"; fi; then
+    if o=$(pt "$t" "$m" "$s" "$f" "${@:6}" 2>&1) &&
+      if [[ $role == server ]]; then [[ $t == read_lat || $t == atomic_lat ]] || row_ok "$o" "$s" server "$f"; else row_ok "$o" "$s" "" "$f"; fi; then
       # write_lat ends with no exchange: perftest may fail to report after this side is done.
       if [[ $t == write_lat ]]; then
         local w=0
         while [[ $(calibs) -le $c0 && $w -lt 6 ]]; do sleep 0.5; w=$((w + 1)); done
-        [[ $(calibs) -gt $c0 ]] && { echo "RETRY G host-$role $t m=$m s=$s: perftest in the VM failed:$(why)"; continue; }
+        [[ $(calibs) -gt $c0 ]] && { echo "RETRY G host-$role $t m=$m s=$s ${f//,/ }: perftest in the VM failed:$(why)"; continue; }
       fi
-      # A read_lat server only lends its memory: it prints no row.
-      echo "PASS G host-$role $t m=$m s=$s: ${row:-(no row: it lends its memory)}"; row=
+      # A read_lat or atomic_lat server only lends its memory: it prints no row.
+      echo "PASS G host-$role $t m=$m s=$s ${f//,/ }: ${row:-(no row: it lends its memory)}"; row=
       return
     fi
     # The VM says so once its tool has exited; give it time.
     local waited=0
     while [[ $(calibs) -le $c0 && $waited -lt 20 ]]; do sleep 0.5; waited=$((waited + 1)); done
     if [[ $(calibs) -gt $c0 ]]; then
-      echo "RETRY G host-$role $t m=$m s=$s: perftest in the VM failed:$(why)"
+      echo "RETRY G host-$role $t m=$m s=$s ${f//,/ }: perftest in the VM failed:$(why)"
       continue
     fi
     break
   done
-  echo "FAIL G host-$role $t m=$m s=$s: $o"; fail=1
+  echo "FAIL G host-$role $t m=$m s=$s ${f//,/ }: $o"; fail=1
 }
-for r in "${runs[@]}"; do read -r t m s <<<"$r"; one client "$t" "$m" "$s" 10.77.0.2; done
-for r in "${runs[@]}"; do read -r t m s <<<"$r"; one server "$t" "$m" "$s"; done
+for r in "${runs[@]}"; do read -r t m s f <<<"$r"; one client "$t" "$m" "$s" "$f" 10.77.0.2; done
+for r in "${runs[@]}"; do read -r t m s f <<<"$r"; one server "$t" "$m" "$s" "$f"; done
 wait $vm || { echo "FAIL G: VM side"; grep -vE "^\[" "$out/vm-g.txt" | tail -20; fail=1; }
 echo "  vm: $(grep -c '^RUN' "$out/vm-g.txt") perftest runs; their rows:"
 grep -A1 "#bytes" "$out/vm-g.txt" | grep -vE "#bytes|^--" | sed 's/^/  vm: /'

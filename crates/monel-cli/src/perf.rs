@@ -16,7 +16,8 @@ use nix::sys::socket::{ControlMessage, MsgFlags, MultiHeaders, SockaddrStorage, 
 /// Arguments of `monel perf`.
 #[derive(Debug, Args)]
 pub(crate) struct PerfArgs {
-    /// write-bw | send-bw | read-bw | write-lat | send-lat | read-lat | atomic-lat | udp-bw | udp-lat
+    /// write-bw | send-bw | read-bw | atomic-bw | write-lat | send-lat | read-lat | atomic-lat |
+    /// udp-bw | udp-lat
     test: String,
     /// Server to connect to; without it, act as the server.
     server: Option<String>,
@@ -50,9 +51,17 @@ pub(crate) struct PerfArgs {
     /// kernel's copy costs for that layout, user space aside).
     #[arg(long)]
     gather: bool,
+    /// QPs, each running the test (bandwidth tests, with --perftest; perftest's `-q`).
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    qps: u32,
+    /// Both sides send at once (write-bw, read-bw, atomic-bw, with --perftest; perftest's
+    /// `-b`).
+    #[arg(short = 'b', long)]
+    bidirectional: bool,
     /// Speak perftest's exchange (TCP, `-p`, default 18515) instead of Monel's, so
-    /// `ib_write_bw`, `ib_read_bw`, `ib_send_bw` and `ib_atomic_bw` run against this side
-    /// with the same `-s` and `-n` (bandwidth tests; no job secret).
+    /// perftest's `ib_write_bw`, `ib_read_bw`, `ib_send_bw`, `ib_atomic_bw`, `ib_write_lat`,
+    /// `ib_read_lat`, `ib_send_lat` and `ib_atomic_lat` run against this side with the same
+    /// `-s`, `-n`, `-a`, `-D`, `-q`, `-b`, `-t` and `-m` (no job secret).
     #[arg(long)]
     perftest: bool,
 }
@@ -96,7 +105,13 @@ pub(crate) fn run(a: &PerfArgs) -> anyhow::Result<()> {
             iters: a.iters,
             tx_depth: a.tx_depth,
             secret: connect::secret(&a.conn)?.is_some(),
+            qps: a.qps,
+            duration: a.duration,
+            duplex: a.bidirectional,
         });
+    }
+    if a.qps != 1 || a.bidirectional {
+        bail!("-q and -b run with --perftest");
     }
     if test == Test::AtomicBw {
         bail!("atomic-bw runs with --perftest (against ib_atomic_bw)");
@@ -150,7 +165,7 @@ pub(crate) fn run(a: &PerfArgs) -> anyhow::Result<()> {
         let cpu0 = cpu_seconds();
         if test.is_bw() {
             if is_client {
-                let r = perf::bw_client(&e, test, &o)?;
+                let r = perf::bw_client(std::slice::from_ref(&e), test, &o)?;
                 perf::bw_client_finish(test, &r, &mut conn)?;
                 let gb = r.size as f64 * r.iters as f64 / 1e9;
                 println!(

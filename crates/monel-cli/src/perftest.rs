@@ -1,9 +1,9 @@
 //! `monel perf TEST --perftest`: the tests with perftest's own exchange, so `ib_write_bw`,
-//! `ib_read_bw`, `ib_send_bw`, `ib_atomic_bw`, `ib_write_lat`, `ib_read_lat` and
-//! `ib_send_lat` (run with the same `-s`, `-n` and `-p` as Monel) meet Monel as server or
-//! client, on the soft RNIC or a kernel RDMA device. The report is perftest's, column for
-//! column. The exchange is perftest's:
-//! unauthenticated, so a job secret refuses it.
+//! `ib_read_bw`, `ib_send_bw`, `ib_atomic_bw`, `ib_write_lat`, `ib_read_lat`, `ib_send_lat`
+//! and `ib_atomic_lat` (run with the same `-s`, `-n` or `-D`, `-a`, `-q`, `-b` and `-p` as
+//! Monel) meet Monel as server or client, on the soft RNIC or a kernel RDMA device. The
+//! report is perftest's, column for column. The exchange is perftest's: unauthenticated, so
+//! a job secret refuses it.
 
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -54,6 +54,12 @@ pub(crate) struct Run<'a> {
     pub(crate) iters: Option<u32>,
     pub(crate) tx_depth: u32,
     pub(crate) secret: bool,
+    /// `-q`: QPs, each running the test (bandwidth tests).
+    pub(crate) qps: u32,
+    /// `-D`: seconds to run instead of iterations (bandwidth tests).
+    pub(crate) duration: Option<u64>,
+    /// `-b`: both sides run at once (write, read and atomic bandwidth).
+    pub(crate) duplex: bool,
 }
 
 fn tcp(r: &Run<'_>, local: IpAddr) -> anyhow::Result<(TcpStream, bool)> {
@@ -83,7 +89,10 @@ fn tcp(r: &Run<'_>, local: IpAddr) -> anyhow::Result<(TcpStream, bool)> {
     }
 }
 
-/// Runs one bandwidth test against perftest.
+/// Most QPs `-q` takes.
+const MAX_QPS: u32 = 16;
+
+/// Runs one test against perftest.
 pub(crate) fn run(r: &Run<'_>) -> anyhow::Result<()> {
     if r.secret {
         bail!(
@@ -91,18 +100,26 @@ pub(crate) fn run(r: &Run<'_>) -> anyhow::Result<()> {
              (and --secret-file) to meet perftest's tools"
         );
     }
-    if r.test == Test::AtomicLat {
-        bail!("--perftest: atomic-lat speaks Monel's exchange only");
+    if !(1..=MAX_QPS).contains(&r.qps) {
+        bail!("-q {}: from 1 to {MAX_QPS} QPs", r.qps);
+    }
+    if !r.test.is_bw() && (r.qps > 1 || r.duplex || r.duration.is_some()) {
+        bail!("--perftest: -q, -b and -D run with the bandwidth tests");
+    }
+    if r.duration.is_some() && r.all {
+        bail!("--perftest: -D cannot run every size (-a), as perftest's cannot");
+    }
+    if r.duration.is_some_and(|d| d < 1) {
+        bail!("-D 0: run for at least a second");
     }
     let dev = Device::from_arg(r.device)?;
     let gid_index = dev
         .ipv4_gid_index()
         .context("--perftest: the device has no IPv4 RoCE v2 GID (perftest speaks IPv4)")?;
-    let gid = dev.gid(gid_index)?.gid;
     let want = Mtu::from_bytes(r.mtu).with_context(|| format!("-m {}: not an IB MTU", r.mtu))?;
     let mtu_code = want.min(dev.port_attr().active_mtu) as u8;
     let sizes: Vec<usize> = match r.test {
-        Test::AtomicBw => vec![8],
+        Test::AtomicBw | Test::AtomicLat => vec![8],
         _ if r.all => (1..24).map(|k| 1usize << k).collect(),
         t if t.is_bw() => vec![r.size.unwrap_or(65536).max(1)],
         _ => vec![r.size.unwrap_or(2).max(1)],
@@ -118,6 +135,7 @@ pub(crate) fn run(r: &Run<'_>) -> anyhow::Result<()> {
             ..ContextConfig::default()
         },
     )?;
+    let gid = ctx.query_gid(gid_index)?.gid;
     let (stream, client) = tcp(r, gid.to_ip())?;
     let mut oob = Oob::new(stream, client)?;
     let agreed = oob
@@ -126,160 +144,244 @@ pub(crate) fn run(r: &Run<'_>) -> anyhow::Result<()> {
     // `IBV_MTU_*` codes 1..=5 are 256 << (code - 1) bytes.
     let mtu = Mtu::from_bytes(128 << agreed.mtu_code).context("perftest MTU code")?;
     let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq((r.tx_depth + RX_DEPTH) as usize)?;
-    let qp = pd.create_qp(&QpInitAttr {
-        send_cq: &cq,
-        recv_cq: &cq,
-        cap: QpCap {
-            max_send_wr: r.tx_depth.max(1),
-            max_recv_wr: RX_DEPTH,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        qp_type: QpType::Rc,
-        sq_sig_all: false,
-        srq: None,
-    })?;
-    // As perftest: the first half is this side's source, the second what the peer reaches.
+    // As perftest: one CQ for every QP.
+    let cq = ctx.create_cq(((r.tx_depth + RX_DEPTH) * r.qps) as usize)?;
+    // As perftest: each QP's buffer, the first half this side's source, the second what the
+    // peer reaches.
     let half = size.max(agreed.cycle_buffer as usize);
-    let mr = pd.reg_mr(
-        vec![0u8; 2 * half],
-        AccessFlags::LOCAL_WRITE
-            | AccessFlags::REMOTE_WRITE
-            | AccessFlags::REMOTE_READ
-            | AccessFlags::REMOTE_ATOMIC,
-    )?;
-    let psn = monel_verbs::random_psn();
-    let mine = Keys {
-        lid: 0,
-        out_reads: 16,
-        qpn: qp.qp_num().value(),
-        psn: psn.value(),
-        rkey: mr.rkey().0,
-        vaddr: mr.addr() + half as u64,
-        gid,
-        srqn: 0,
-    };
-    let err = anyhow::Error::msg;
-    let theirs = oob.hand_shake(&mine).map_err(err)?;
-    if matches!(r.test, Test::WriteLat | Test::ReadLat) {
-        // write_lat and read_lat shake hands twice before connecting.
-        oob.hand_shake(&mine).map_err(err)?;
-    }
-    if theirs.gid.to_ip().is_ipv4() != gid.to_ip().is_ipv4() {
-        bail!("perftest peer's GID {} is of another IP family", theirs.gid);
-    }
-    qp.connect(
-        &RemoteQp {
-            qpn: monel_verbs::Qpn::new(theirs.qpn),
-            psn: monel_verbs::Psn::new(theirs.psn),
-            gid: theirs.gid,
-        },
-        &ConnectParams {
-            sgid_index: gid_index,
-            local_psn: psn,
-            mtu,
-            access: AccessFlags::REMOTE_WRITE
+    let mut qps = Vec::new();
+    let mut mrs = Vec::new();
+    let mut mine = Vec::new();
+    for _ in 0..r.qps {
+        let qp = pd.create_qp(&QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            cap: QpCap {
+                max_send_wr: r.tx_depth.max(1),
+                max_recv_wr: RX_DEPTH,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            qp_type: QpType::Rc,
+            sq_sig_all: false,
+            srq: None,
+        })?;
+        let mr = pd.reg_mr(
+            vec![0u8; 2 * half],
+            AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
                 | AccessFlags::REMOTE_READ
                 | AccessFlags::REMOTE_ATOMIC,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            min_rnr_timer: 12,
-            rd_atomic: theirs.out_reads.clamp(1, 16) as u8,
-            hop_limit: 0xff,
-            udp_port: None,
-        },
-    )?;
+        )?;
+        mine.push(Keys {
+            lid: 0,
+            out_reads: 16,
+            qpn: qp.qp_num().value(),
+            psn: monel_verbs::random_psn().value(),
+            rkey: mr.rkey().0,
+            vaddr: mr.addr() + half as u64,
+            gid,
+            srqn: 0,
+        });
+        qps.push(qp);
+        mrs.push(mr);
+    }
+    let err = anyhow::Error::msg;
+    // Each QP's keys for the peer's.
+    let theirs = mine
+        .iter()
+        .map(|k| oob.hand_shake(k))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err)?;
+    let k0 = mine[0];
+    if matches!(r.test, Test::WriteLat | Test::ReadLat | Test::AtomicLat) {
+        // write_lat, read_lat and atomic_lat shake hands twice before connecting.
+        oob.hand_shake(&k0).map_err(err)?;
+    }
+    for (qp, (me, them)) in qps.iter().zip(mine.iter().zip(&theirs)) {
+        if them.gid.to_ip().is_ipv4() != gid.to_ip().is_ipv4() {
+            bail!("perftest peer's GID {} is of another IP family", them.gid);
+        }
+        qp.connect(
+            &RemoteQp {
+                qpn: monel_verbs::Qpn::new(them.qpn),
+                psn: monel_verbs::Psn::new(them.psn),
+                gid: them.gid,
+            },
+            &ConnectParams {
+                sgid_index: gid_index,
+                local_psn: monel_verbs::Psn::new(me.psn),
+                mtu,
+                access: AccessFlags::REMOTE_WRITE
+                    | AccessFlags::REMOTE_READ
+                    | AccessFlags::REMOTE_ATOMIC,
+                timeout: 14,
+                retry_cnt: 7,
+                rnr_retry: 7,
+                min_rnr_timer: 12,
+                rd_atomic: them.out_reads.clamp(1, 16) as u8,
+                hop_limit: 0xff,
+                udp_port: None,
+            },
+        )?;
+    }
     println!(
-        "# monel perf {} --perftest ({}; MTU {}; {} GID {} {})",
+        "# monel perf {} --perftest ({}; MTU {}; {} GID {} {}; {} QP{}{}{})",
         r.test.name(),
         if client { "client" } else { "server" },
         mtu.bytes(),
         dev.name,
         gid_index,
-        gid.to_ip()
+        gid.to_ip(),
+        r.qps,
+        if r.qps > 1 { "s" } else { "" },
+        if r.duplex { "; bidirectional" } else { "" },
+        r.duration.map(|d| format!("; {d} s")).unwrap_or_default()
     );
-    println!(
-        "# local  QPN {:#08x} PSN {:#08x} RKey {:#010x} VAddr {:#018x}",
-        mine.qpn, mine.psn, mine.rkey, mine.vaddr
-    );
-    println!(
-        "# remote QPN {:#08x} PSN {:#08x} RKey {:#010x} VAddr {:#018x} GID {}",
-        theirs.qpn,
-        theirs.psn,
-        theirs.rkey,
-        theirs.vaddr,
-        theirs.gid.to_ip()
-    );
+    for (me, them) in mine.iter().zip(&theirs) {
+        println!(
+            "# local  QPN {:#08x} PSN {:#08x} RKey {:#010x} VAddr {:#018x}",
+            me.qpn, me.psn, me.rkey, me.vaddr
+        );
+        println!(
+            "# remote QPN {:#08x} PSN {:#08x} RKey {:#010x} VAddr {:#018x} GID {}",
+            them.qpn,
+            them.psn,
+            them.rkey,
+            them.vaddr,
+            them.gid.to_ip()
+        );
+    }
     let line = "-".repeat(87);
+    let duration = r.duration.map(Duration::from_secs);
     let o = |size| PerfOptions {
         size,
         iters,
-        duration: None,
+        duration,
+        // perftest's margin: a quarter of the duration at each end.
+        margin: duration.map(|d| d / 4),
         tx_depth: r.tx_depth.max(1),
         ..PerfOptions::default()
     };
-    let e = Endpoint {
-        qp: &qp,
-        cq: &cq,
-        mr: &mr,
-        remote: monel_verbs::cm::BufferInfo {
-            addr: theirs.vaddr,
-            rkey: monel_verbs::RKey(theirs.rkey),
-            len: size as u64,
-        },
-    };
+    let eps: Vec<Endpoint<'_>> = qps
+        .iter()
+        .zip(&mrs)
+        .zip(&theirs)
+        .map(|((qp, mr), them)| Endpoint {
+            qp,
+            cq: &cq,
+            mr,
+            remote: monel_verbs::cm::BufferInfo {
+                addr: them.vaddr,
+                rkey: monel_verbs::RKey(them.rkey),
+                len: size as u64,
+            },
+        })
+        .collect();
     if !r.test.is_bw() {
-        return latency(r.test, oob, &mine, &e, &sizes, iters, client, &line);
+        return latency(r.test, oob, &k0, &eps[0], &sizes, iters, client, &line);
     }
+    // The keys again, QP by QP, once every QP is connected ("remote" in perftest's words).
+    let remote_keys = |oob: &mut Oob| -> anyhow::Result<()> {
+        for k in &mine {
+            oob.hand_shake(k).map_err(err)?;
+        }
+        Ok(())
+    };
     if r.test == Test::SendBw {
-        // send_bw: one handshake, then one per QP, then the receives, one more, the run.
-        oob.hand_shake(&mine).map_err(err)?;
-        oob.hand_shake(&mine).map_err(err)?;
+        // send_bw: one handshake, the keys again, then per size: the receives, one more
+        // handshake, the run.
+        oob.hand_shake(&k0).map_err(err)?;
+        remote_keys(&mut oob)?;
         println!("{line}\n{}", BwReport::HEADER);
+        let each = if duration.is_some() {
+            RX_DEPTH
+        } else {
+            RX_DEPTH.min(iters)
+        };
         for &size in &sizes {
-            let rep = if client {
-                oob.hand_shake(&mine).map_err(err)?;
-                perf::bw_client(&e, r.test, &o(size))?
+            let rep = if r.duplex {
+                // Both ways: both post receives, then each sends as it receives (the server
+                // from the client's first message on).
+                for e in &eps {
+                    post_recvs(e, size, each)?;
+                }
+                oob.hand_shake(&k0).map_err(err)?;
+                let mine = numbers(&both_ways(&eps, &o(size), each, client)?);
+                if duration.is_some() {
+                    mine
+                } else {
+                    sum(&mine, &oob.bw_reports(&mine).map_err(err)?)
+                }
+            } else if client {
+                oob.hand_shake(&k0).map_err(err)?;
+                numbers(&perf::bw_client(&eps, r.test, &o(size))?)
             } else {
-                let posted = post_recvs(&e, size, RX_DEPTH.min(iters))?;
-                oob.hand_shake(&mine).map_err(err)?;
-                recv_run(&e, size, iters, posted)?
+                for e in &eps {
+                    post_recvs(e, size, each)?;
+                }
+                oob.hand_shake(&k0).map_err(err)?;
+                numbers(&recv_run(&eps, &o(size), each)?)
             };
-            println!("{}", row(&numbers(&rep)));
+            println!("{}", row(&rep));
             if r.all {
                 // With -a, a handshake closes each size.
-                oob.hand_shake(&mine).map_err(err)?;
+                oob.hand_shake(&k0).map_err(err)?;
             }
         }
         println!("{line}");
-        oob.close(&mine).map_err(err)?;
+        oob.close(&k0).map_err(err)?;
         return Ok(());
     }
-    // write_bw, read_bw, atomic_bw: two more handshakes; the server waits for the client's
-    // run and prints the client's report.
-    oob.hand_shake(&mine).map_err(err)?;
-    oob.hand_shake(&mine).map_err(err)?;
+    // write_bw, read_bw, atomic_bw: the keys again and one more handshake. Half duplex: the
+    // server waits for the client's run and prints the client's report. Both ways (-b):
+    // both run, each size between handshakes, and each prints the sum of both reports.
+    remote_keys(&mut oob)?;
+    oob.hand_shake(&k0).map_err(err)?;
     println!("{line}\n{}", BwReport::HEADER);
-    if client {
-        let mut last = BwNumbers::default();
-        for &size in &sizes {
-            last = numbers(&perf::bw_client(&e, r.test, &o(size))?);
-            println!("{}", row(&last));
-        }
-        println!("{line}");
-        oob.hand_shake(&mine).map_err(err)?;
-        oob.bw_reports(&last).map_err(err)?;
-    } else {
-        oob.hand_shake(&mine).map_err(err)?;
+    if !client && !r.duplex {
+        oob.hand_shake(&k0).map_err(err)?;
         let theirs = oob.bw_reports(&BwNumbers::default()).map_err(err)?;
         println!("{}", row(&theirs));
         println!("{line}");
+        oob.close(&k0).map_err(err)?;
+        return Ok(());
     }
-    oob.close(&mine).map_err(err)?;
+    let mut last = BwNumbers::default();
+    for &size in &sizes {
+        if r.duplex {
+            oob.hand_shake(&k0).map_err(err)?;
+        }
+        last = numbers(&perf::bw_client(&eps, r.test, &o(size))?);
+        if r.duplex {
+            if r.all {
+                oob.hand_shake(&k0).map_err(err)?;
+            }
+            let peer = oob.bw_reports(&last).map_err(err)?;
+            println!("{}", row(&sum(&last, &peer)));
+        } else {
+            println!("{}", row(&last));
+        }
+    }
+    println!("{line}");
+    if !r.duplex {
+        oob.hand_shake(&k0).map_err(err)?;
+        oob.bw_reports(&last).map_err(err)?;
+    }
+    oob.close(&k0).map_err(err)?;
     Ok(())
+}
+
+/// Both sides' reports of a bidirectional run, as perftest adds them: rates summed, size and
+/// iterations this side's.
+fn sum(mine: &BwNumbers, theirs: &BwNumbers) -> BwNumbers {
+    BwNumbers {
+        bw_peak: mine.bw_peak + theirs.bw_peak,
+        bw_avg: mine.bw_avg + theirs.bw_avg,
+        msg_rate: mine.msg_rate + theirs.msg_rate,
+        ..*mine
+    }
 }
 
 /// The latency tests: their handshakes, the ping-pong (WRITE, SEND) or the client's lone
@@ -310,13 +412,13 @@ fn latency(
             // write_lat ends without a closing exchange.
             Ok(())
         }
-        Test::ReadLat => {
+        Test::ReadLat | Test::AtomicLat => {
             oob.hand_shake(mine).map_err(err)?;
             oob.hand_shake(mine).map_err(err)?;
             if client {
                 header();
                 for &size in sizes {
-                    let posts = reads(e, size, iters)?;
+                    let posts = reads(e, test, size, iters)?;
                     println!("{}", lat_row(size, iters, &posts, 1.0));
                 }
                 println!("{line}");
@@ -399,14 +501,23 @@ fn post_signaled(e: &Endpoint<'_>, wr_id: u64, op: SendOp, size: usize) -> monel
     })
 }
 
-/// read_lat (client): one READ at a time. Returns the post times.
-fn reads(e: &Endpoint<'_>, size: usize, iters: u32) -> anyhow::Result<Vec<Instant>> {
+/// read_lat and atomic_lat (client): one READ (or FETCH_AND_ADD of 8 bytes) at a time.
+/// Returns the post times.
+fn reads(e: &Endpoint<'_>, test: Test, size: usize, iters: u32) -> anyhow::Result<Vec<Instant>> {
     let mut posts = Vec::with_capacity(iters as usize);
     let mut wcs = Vec::new();
     for i in 0..iters {
         posts.push(Instant::now());
-        post_signaled(e, u64::from(i), SendOp::Read(remote(e)), size)?;
-        wait_one(e, &mut wcs, "read-lat")?;
+        let op = if test == Test::AtomicLat {
+            SendOp::FetchAdd {
+                remote: remote(e),
+                add: 1,
+            }
+        } else {
+            SendOp::Read(remote(e))
+        };
+        post_signaled(e, u64::from(i), op, size)?;
+        wait_one(e, &mut wcs, test.name())?;
     }
     Ok(posts)
 }
@@ -541,23 +652,162 @@ fn post_recvs(e: &Endpoint<'_>, size: usize, n: u32) -> anyhow::Result<u32> {
     Ok(n)
 }
 
-/// `send-bw` server: counts `iters` receives, reposting while more are due; the clock runs
-/// from the first arrival.
-fn recv_run(
-    e: &Endpoint<'_>,
-    size: usize,
-    iters: u32,
-    mut posted: u32,
+/// `send-bw -b`: each side SENDs `iters` messages on each QP while it receives as many,
+/// reposting a receive on its QP while more are due; the server starts sending at its first
+/// arrival (perftest's `run_iter_bi`). With a duration, both run for it and count what this
+/// side sent between the margins. The report is this side's sends.
+fn both_ways(
+    eps: &[Endpoint<'_>],
+    o: &PerfOptions,
+    posted: u32,
+    client: bool,
 ) -> anyhow::Result<BwReport> {
-    let (mut got, mut start) = (0u32, None);
+    let cq = eps[0].cq;
+    let qpns: Vec<_> = eps.iter().map(|e| e.qp.qp_num()).collect();
+    let n = eps.len();
+    let (mut sent, mut done, mut got) = (vec![0u64; n], vec![0u64; n], vec![0u64; n]);
+    let mut rposted = vec![u64::from(posted); n];
+    let per = if o.duration.is_some() {
+        u64::MAX
+    } else {
+        u64::from(o.iters)
+    };
+    let cq_mod = u64::from(o.cq_mod.clamp(1, o.tx_depth));
+    let mut start = client.then(Instant::now);
+    let (mut opened, mut closed) = (None::<(u64, Instant)>, None::<(u64, Instant)>);
     let mut wcs = Vec::new();
     let mut last = Instant::now();
-    while got < iters {
+    loop {
+        let now = Instant::now();
+        let total_done: u64 = done.iter().sum();
+        let mut stop = false;
+        if let (Some(d), Some(m), Some(t0)) = (o.duration, o.margin, start) {
+            if opened.is_none() && now >= t0 + m {
+                opened = Some((total_done, now));
+            }
+            if closed.is_none() && now >= t0 + d.saturating_sub(m) {
+                closed = Some((total_done, now));
+            }
+            stop = now >= t0 + d;
+        }
+        let sending = start.is_some() && !stop;
+        let mut busy = o.duration.is_some() && !stop;
+        for (k, e) in eps.iter().enumerate() {
+            while sending && sent[k] < per && sent[k] - done[k] < u64::from(o.tx_depth) {
+                let sig = (sent[k] + 1) % cq_mod == 0 || sent[k] + 1 == per;
+                match e.qp.post_send(SendWr {
+                    wr_id: sent[k] + 1,
+                    op: SendOp::Send,
+                    sg_list: vec![e.mr.sge(0, o.size)],
+                    flags: SendFlags {
+                        signaled: sig,
+                        ..SendFlags::default()
+                    },
+                }) {
+                    Ok(()) => sent[k] += 1,
+                    Err(monel_verbs::VerbsError {
+                        kind: monel_verbs::ErrorKind::Post(_),
+                        ..
+                    }) => break,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            // Unsignaled sends at the end of a timed run complete with the next signaled
+            // one: the run ends when the last signaled one has.
+            let owed = if stop {
+                sent[k] - sent[k] % cq_mod
+            } else {
+                sent[k]
+            };
+            busy |= done[k] < owed || (o.duration.is_none() && (sent[k] < per || got[k] < per));
+        }
+        if !busy {
+            break;
+        }
         wcs.clear();
-        if e.cq.poll_into(64, &mut wcs) == 0 {
-            e.cq.wait(Duration::from_millis(50));
+        if cq.poll_into(64, &mut wcs) == 0 {
+            cq.wait(Duration::from_millis(20));
             if last.elapsed() > Duration::from_secs(30) {
-                bail!("send-bw: {got} of {iters} messages arrived, then none for 30 s");
+                bail!("send-bw -b: nothing completed for 30 s");
+            }
+            continue;
+        }
+        last = Instant::now();
+        for wc in &wcs {
+            if wc.status != WcStatus::Success {
+                bail!("send-bw -b: completion {:?}", wc.status);
+            }
+            let Some(k) = qpns.iter().position(|&q| q == wc.qp_num) else {
+                continue;
+            };
+            if wc.opcode == WcOpcode::Recv {
+                start.get_or_insert_with(Instant::now);
+                got[k] += 1;
+                if rposted[k] < per {
+                    post_recvs(&eps[k], o.size, 1)?;
+                    rposted[k] += 1;
+                }
+            } else {
+                done[k] = done[k].max(wc.wr_id);
+            }
+        }
+    }
+    if let (Some((a, ta)), Some((b, tb))) = (opened, closed) {
+        return Ok(BwReport {
+            size: o.size,
+            iters: b - a,
+            seconds: (tb - ta).as_secs_f64().max(1e-9),
+            peak_mbs: 0.0,
+        });
+    }
+    let all: u64 = done.iter().sum();
+    let seconds = start.map_or(0.0, |t| t.elapsed().as_secs_f64()).max(1e-9);
+    let avg = all as f64 * o.size as f64 / seconds / f64::from(1 << 20);
+    Ok(BwReport {
+        size: o.size,
+        iters: all,
+        seconds,
+        peak_mbs: avg,
+    })
+}
+
+/// `send-bw` server: counts `iters` receives on each QP (each began with `posted` posted),
+/// reposting on a QP while more are due there; the clock runs from the first arrival. With a
+/// duration: receives until it has passed since the first arrival, counting what arrives
+/// between the margins (perftest's `-D`).
+fn recv_run(eps: &[Endpoint<'_>], o: &PerfOptions, posted: u32) -> anyhow::Result<BwReport> {
+    let cq = eps[0].cq;
+    let qpns: Vec<_> = eps.iter().map(|e| e.qp.qp_num()).collect();
+    let mut posted = vec![posted; eps.len()];
+    let total = u64::from(o.iters) * eps.len() as u64;
+    let (mut got, mut start) = (0u64, None::<Instant>);
+    // With a duration: (count, time) when the window opened and closed.
+    let (mut opened, mut closed) = (None::<(u64, Instant)>, None::<(u64, Instant)>);
+    let mut wcs = Vec::new();
+    let mut last = Instant::now();
+    loop {
+        let now = Instant::now();
+        match (o.duration, o.margin, start) {
+            (Some(d), Some(m), Some(t0)) => {
+                if opened.is_none() && now >= t0 + m {
+                    opened = Some((got, now));
+                }
+                if closed.is_none() && now >= t0 + d.saturating_sub(m) {
+                    closed = Some((got, now));
+                }
+                if now >= t0 + d {
+                    break;
+                }
+            }
+            (Some(_), _, _) => {}
+            (None, ..) if got >= total => break,
+            (None, ..) => {}
+        }
+        wcs.clear();
+        if cq.poll_into(64, &mut wcs) == 0 {
+            cq.wait(Duration::from_millis(20));
+            if last.elapsed() > Duration::from_secs(30) {
+                bail!("send-bw: {got} messages arrived, then none for 30 s");
             }
             continue;
         }
@@ -568,17 +818,28 @@ fn recv_run(
             }
             start.get_or_insert_with(Instant::now);
             got += 1;
-            if posted < iters {
-                post_recvs(e, size, 1)?;
-                posted += 1;
+            let Some(k) = qpns.iter().position(|&q| q == wc.qp_num) else {
+                continue;
+            };
+            if o.duration.is_some() || posted[k] < o.iters {
+                post_recvs(&eps[k], o.size, 1)?;
+                posted[k] += 1;
             }
         }
     }
+    if let (Some((a, ta)), Some((b, tb))) = (opened, closed) {
+        return Ok(BwReport {
+            size: o.size,
+            iters: b - a,
+            seconds: (tb - ta).as_secs_f64().max(1e-9),
+            peak_mbs: 0.0,
+        });
+    }
     let seconds = start.map_or(0.0, |t| t.elapsed().as_secs_f64()).max(1e-9);
-    let avg = f64::from(got) * size as f64 / seconds / f64::from(1 << 20);
+    let avg = got as f64 * o.size as f64 / seconds / f64::from(1 << 20);
     Ok(BwReport {
-        size,
-        iters: u64::from(got),
+        size: o.size,
+        iters: got,
         seconds,
         peak_mbs: avg,
     })

@@ -229,6 +229,89 @@ fn perf_tools_run_between_two_processes() {
     }
 }
 
+#[test]
+fn perftest_exchange_runs_between_two_processes_with_its_flags() {
+    // Monel on both sides of perftest's exchange (perftest itself meets it in the rxe VM):
+    // several QPs, both ways at once, a duration, and atomic_lat.
+    for (i, (test, size, flags)) in [
+        ("write-bw", "65536", &["-q", "2", "-b"][..]),
+        ("send-bw", "65536", &["-b", "-q", "2"][..]),
+        ("read-bw", "65536", &["-q", "3"][..]),
+        ("send-bw", "4096", &["-D", "1"][..]),
+        ("atomic-bw", "8", &["-D", "1", "-q", "2"][..]),
+        ("atomic-lat", "8", &[][..]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let port = (18840 + i).to_string();
+        let duration = flags.contains(&"-D");
+        let qps: u64 = flags
+            .iter()
+            .position(|f| *f == "-q")
+            .map_or(1, |k| flags[k + 1].parse().unwrap());
+        let args = |dev: &'static str| {
+            let mut a = vec!["perf", test, "--perftest", "-d", dev, "-p", &port];
+            a.extend(["--udp-port", "24813", "-s", size]);
+            if !duration {
+                a.extend(["-n", "100"]);
+            }
+            a.extend(flags);
+            a.into_iter().map(String::from).collect::<Vec<_>>()
+        };
+        let sargs = args("127.0.1.6");
+        let srv = spawn(&sargs.iter().map(String::as_str).collect::<Vec<_>>());
+        let mut cargs = args("127.0.1.7");
+        cargs.push("127.0.1.6".into());
+        let (code, out) = monel(&cargs.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(code, 0, "{test} {flags:?}: {out}");
+        let (scode, sout) = finish(srv);
+        assert_eq!(scode, 0, "{test} {flags:?} server: {sout}");
+        for (side, text) in [("client", &out), ("server", &sout)] {
+            if test == "atomic-lat" && side == "server" {
+                // The server only lends its memory: no row.
+                continue;
+            }
+            let row = text
+                .lines()
+                .skip_while(|l| !l.contains("#bytes"))
+                .nth(1)
+                .unwrap_or_default();
+            let cols: Vec<&str> = row.split_whitespace().collect();
+            assert_eq!(cols.first(), Some(&size), "{test} {flags:?} {side}: {text}");
+            let n: u64 = cols.get(1).and_then(|n| n.parse().ok()).unwrap_or(0);
+            if duration {
+                assert!(n > 0, "{test} {flags:?} {side}: {text}");
+                assert_eq!(cols.get(2), Some(&"0.00"), "no peak with -D: {text}");
+            } else {
+                assert_eq!(n, 100 * qps, "{test} {flags:?} {side}: {text}");
+            }
+        }
+    }
+    for (args, says) in [
+        (
+            &["perf", "write-bw", "-q", "2"][..],
+            "-q and -b run with --perftest",
+        ),
+        (
+            &["perf", "write-bw", "--perftest", "-q", "17"][..],
+            "-q 17: from 1 to 16",
+        ),
+        (
+            &["perf", "write-lat", "--perftest", "-b"][..],
+            "run with the bandwidth tests",
+        ),
+        (
+            &["perf", "write-bw", "--perftest", "-a", "-D", "2"][..],
+            "-D cannot run every size",
+        ),
+    ] {
+        let (code, out) = monel(args);
+        assert_ne!(code, 0, "{args:?}: {out}");
+        assert!(out.contains(says), "{args:?}: {out}");
+    }
+}
+
 /// Runs a raw-UDP baseline (`monel perf TEST -n N` plus `extra`): the server on 127.0.1.4,
 /// the client on 127.0.1.5; the client must succeed. Returns the client's and the server's
 /// output.

@@ -79,6 +79,9 @@ pub(crate) struct PerfOptions {
     pub(crate) iters: u32,
     /// `-D`: run for this long instead of `iters`.
     pub(crate) duration: Option<Duration>,
+    /// With a duration: count only what completes this long after the start and before the
+    /// end (perftest's margin, a quarter of the duration).
+    pub(crate) margin: Option<Duration>,
     /// `-t`: send queue depth (bandwidth tests).
     pub(crate) tx_depth: u32,
     /// Signal every this many sends (perftest `--cq-mod`, default 100).
@@ -91,6 +94,7 @@ impl Default for PerfOptions {
             size: 65536,
             iters: 1000,
             duration: None,
+            margin: None,
             tx_depth: 128,
             cq_mod: 100,
         }
@@ -286,8 +290,15 @@ fn post_op(e: &Endpoint<'_>, test: Test, size: usize, wr_id: u64, signaled: bool
     })
 }
 
-/// Bandwidth, requester side: keeps `tx_depth` messages in flight.
-pub(crate) fn bw_client(e: &Endpoint<'_>, test: Test, o: &PerfOptions) -> Result<BwReport> {
+/// Bandwidth, requester side: keeps `tx_depth` messages in flight on each endpoint's QP
+/// (perftest's `-q`: every QP runs `iters` messages, posted round-robin; the endpoints share
+/// one CQ). With a duration, the report counts what completed between `margin` after the
+/// start and `margin` before the end, over that time (perftest's `-D`); without one, every
+/// message over the whole run.
+pub(crate) fn bw_client(eps: &[Endpoint<'_>], test: Test, o: &PerfOptions) -> Result<BwReport> {
+    let Some(cq) = eps.first().map(|e| e.cq) else {
+        return Err(VerbsError::invalid(V, "no QP to run on"));
+    };
     let start = Instant::now();
     let end_at = o.duration.map(|d| start + d);
     let total = if end_at.is_some() {
@@ -296,43 +307,79 @@ pub(crate) fn bw_client(e: &Endpoint<'_>, test: Test, o: &PerfOptions) -> Result
         u64::from(o.iters)
     };
     let cq_mod = u64::from(o.cq_mod.clamp(1, o.tx_depth));
-    let (mut posted, mut done) = (0u64, 0u64);
-    let mut marks = Vec::new();
+    // Per QP: messages posted and completed (wr_ids count from 1 on each).
+    let mut posted = vec![0u64; eps.len()];
+    let mut done = vec![0u64; eps.len()];
+    let mut closed = vec![false; eps.len()];
+    let qpns: Vec<_> = eps.iter().map(|e| e.qp.qp_num()).collect();
+    let (mut all_done, mut marks) = (0u64, Vec::new());
     let mut wcs = Vec::new();
-    while done < posted || (posted < total && end_at.is_none_or(|t| Instant::now() < t)) {
+    loop {
         let stop = end_at.is_some_and(|t| Instant::now() >= t);
-        while !stop && posted < total && posted - done < u64::from(o.tx_depth) {
-            let last = posted + 1 == total;
-            let sig = (posted + 1) % cq_mod == 0 || last;
-            match post_op(e, test, o.size, posted + 1, sig) {
-                Ok(()) => posted += 1,
-                Err(VerbsError {
-                    kind: ErrorKind::Post(_),
-                    ..
-                }) => break,
-                Err(err) => return Err(err),
+        let mut busy = false;
+        for (k, e) in eps.iter().enumerate() {
+            let (p, d) = (&mut posted[k], done[k]);
+            while !stop && *p < total && *p - d < u64::from(o.tx_depth) {
+                let sig = (*p + 1) % cq_mod == 0 || *p + 1 == total;
+                match post_op(e, test, o.size, *p + 1, sig) {
+                    Ok(()) => *p += 1,
+                    Err(VerbsError {
+                        kind: ErrorKind::Post(_),
+                        ..
+                    }) => break,
+                    Err(err) => return Err(err),
+                }
             }
+            if stop && !closed[k] && *p % cq_mod != 0 && d < *p {
+                // Close the run with a signaled message so every posted one is accounted for.
+                while post_op(e, test, o.size, *p + 1, true).is_err() {
+                    std::thread::yield_now();
+                }
+                *p += 1;
+                closed[k] = true;
+            }
+            busy |= d < *p || (!stop && *p < total);
         }
-        if stop && posted % cq_mod != 0 && done < posted {
-            // Close the run with a signaled message so every posted one is accounted for.
-            while post_op(e, test, o.size, posted + 1, true).is_err() {
-                std::thread::yield_now();
-            }
-            posted += 1;
+        if !busy {
+            break;
         }
         wcs.clear();
-        if e.cq.poll_into(64, &mut wcs) == 0 {
-            e.cq.wait(Duration::from_millis(50));
+        if cq.poll_into(64, &mut wcs) == 0 {
+            cq.wait(Duration::from_millis(50));
         }
         for wc in &wcs {
             check(wc)?;
-            done = done.max(wc.wr_id);
-            marks.push((done, start.elapsed().as_secs_f64()));
+            let Some(k) = qpns.iter().position(|&q| q == wc.qp_num) else {
+                continue;
+            };
+            if wc.wr_id > done[k] {
+                all_done += wc.wr_id - done[k];
+                done[k] = wc.wr_id;
+            }
+            marks.push((all_done, start.elapsed().as_secs_f64()));
         }
     }
     let seconds = start.elapsed().as_secs_f64();
+    if let (Some(d), Some(m)) = (o.duration, o.margin) {
+        // What completed inside the sampling window.
+        let (from, to) = (m.as_secs_f64(), (d.saturating_sub(m)).as_secs_f64());
+        let at = |t: f64| {
+            marks
+                .iter()
+                .take_while(|x| x.1 <= t)
+                .last()
+                .map_or((0, 0.0), |x| (x.0, x.1))
+        };
+        let (a, b) = (at(from), at(to));
+        return Ok(BwReport {
+            size: o.size,
+            iters: b.0 - a.0,
+            seconds: (b.1 - a.1).max(1e-9),
+            peak_mbs: 0.0,
+        });
+    }
     // Peak: best rate over any window holding a tenth of the messages.
-    let win = (done / 10).max(1);
+    let win = (all_done / 10).max(1);
     let mut peak = 0f64;
     let mut j = 0;
     for i in 0..marks.len() {
@@ -344,10 +391,10 @@ pub(crate) fn bw_client(e: &Endpoint<'_>, test: Test, o: &PerfOptions) -> Result
             peak = peak.max((marks[i].0 - marks[j].0) as f64 * o.size as f64 / dt);
         }
     }
-    let avg = done as f64 * o.size as f64 / seconds;
+    let avg = all_done as f64 * o.size as f64 / seconds;
     Ok(BwReport {
         size: o.size,
-        iters: done,
+        iters: all_done,
         seconds,
         peak_mbs: peak.max(avg) / f64::from(1 << 20),
     })
