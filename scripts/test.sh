@@ -19,8 +19,8 @@ if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
   }
 fi
-"$venv/bin/python" -c "import torch, sklearn, pytest, maturin" 2> /dev/null ||
-  "$venv/bin/pip" install -q torch numpy scikit-learn pytest maturin
+"$venv/bin/python" -c "import torch, sklearn, pytest, maturin, jax" 2> /dev/null ||
+  "$venv/bin/pip" install -q torch numpy scikit-learn pytest maturin "jax[cpu]"
 "$venv/bin/pip" install -q ./python
 # Run from the repository root, so `import monel` finds the installed package.
 "$venv/bin/python" -m pytest -q python/tests

@@ -1,5 +1,6 @@
 """Monel from Python: NCCL-style collectives over shared memory, a software RoCE NIC and TCP,
-on numpy arrays and CPU torch tensors, without copying them.
+on numpy arrays, CPU torch tensors and any CPU array that speaks DLPack (JAX's, ...), without
+copying them.
 
     import monel
     comm = monel.Communicator.from_env()      # torchrun, Slurm, mpirun or MONEL_* variables
@@ -108,6 +109,33 @@ def _is_tensor(x: Any) -> bool:
 
 _TORCH_NUMPY: set = set()
 
+# DLPack's device types (`DLDeviceType`): the CPU, and the CUDA memories.
+_DL_CPU = 1
+_DL_CUDA = {2: "CUDA", 3: "CUDA host", 13: "CUDA managed"}
+
+
+def _from_dlpack(x: Any, what: str) -> Optional[np.ndarray]:
+    """A numpy view (no copy) of an array that speaks DLPack on the CPU (a JAX array, ...);
+    None if `x` does not speak it."""
+    device = getattr(x, "__dlpack_device__", None)
+    if device is None or not hasattr(x, "__dlpack__"):
+        return None
+    try:
+        kind = int(device()[0])
+    except Exception as e:  # noqa: BLE001 - a foreign object's own failure, named below
+        raise InvalidArgumentError(f"{what}: __dlpack_device__ failed: {e}") from e
+    name = type(x).__name__
+    if kind != _DL_CPU:
+        where = _DL_CUDA.get(kind, f"DLPack device type {kind}")
+        raise InvalidArgumentError(
+            f"{what}: a {name} in {where} memory; monel.Communicator takes CPU memory "
+            "(the torch backend takes CUDA tensors)"
+        )
+    try:
+        return np.from_dlpack(x)
+    except (BufferError, TypeError, ValueError, RuntimeError) as e:
+        raise InvalidArgumentError(f"{what}: a {name} numpy cannot view: {e}") from e
+
 
 def _u8_view(x: Any, what: str) -> np.ndarray:
     """A uint8 view of the memory of `x` (no copy), whatever its element type.
@@ -138,16 +166,20 @@ def _u8_view(x: Any, what: str) -> np.ndarray:
                 f"{what}: the array is not C-contiguous (use np.ascontiguousarray)"
             )
         return x.view(np.uint8) if x.ndim else x.reshape(1).view(np.uint8)
+    a = _from_dlpack(x, what)
+    if a is not None:
+        return _u8_view(a, what)
     raise InvalidArgumentError(
-        f"{what}: want a numpy array or a CPU torch tensor, got {type(x).__name__}"
+        f"{what}: want a numpy array, a CPU torch tensor or a CPU array that speaks DLPack, "
+        f"got {type(x).__name__}"
     )
 
 
 def as_bytes(x: Any, what: str, writable: bool = False) -> tuple[np.ndarray, str, int]:
     """A flat uint8 view of `x`'s memory (no copy), its Monel type name and element count.
 
-    `x` is a numpy array or a CPU torch tensor; it must be contiguous and of a type Monel
-    reduces.
+    `x` is a numpy array, a CPU torch tensor or a CPU array that speaks DLPack (a JAX
+    array: read-only, so an input only); it must be contiguous and of a type Monel reduces.
     """
     if _is_tensor(x):
         dtype = _torch_types().get(x.dtype)
@@ -161,8 +193,17 @@ def as_bytes(x: Any, what: str, writable: bool = False) -> tuple[np.ndarray, str
         if writable and x.flags.c_contiguous and not x.flags.writeable:
             raise InvalidArgumentError(f"{what}: the array is read-only")
         return _u8_view(x, what), dtype, x.size
+    a = _from_dlpack(x, what)
+    if a is not None:
+        if writable and not a.flags.writeable:
+            raise InvalidArgumentError(
+                f"{what}: the {type(x).__name__} is read-only (JAX arrays are immutable: "
+                "give a numpy array as the output)"
+            )
+        return as_bytes(a, what, writable)
     raise InvalidArgumentError(
-        f"{what}: want a numpy array or a CPU torch tensor, got {type(x).__name__}"
+        f"{what}: want a numpy array, a CPU torch tensor or a CPU array that speaks DLPack, "
+        f"got {type(x).__name__}"
     )
 
 

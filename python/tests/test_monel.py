@@ -40,6 +40,15 @@ def test_bad_input_raises_and_leaves_the_communicator_usable():
     assert any("complex64" in e for e in errs)
 
 
+def test_jax_arrays_are_taken_through_dlpack():
+    pytest.importorskip("jax", reason="scripts/test.sh installs jax[cpu]")
+    outs = run_ranks("jax_arrays", 2)
+    assert_ok(outs)
+    for r in results(outs):
+        assert len(r["errors"]) == 2, r
+        assert all("read-only" in e for e in r["errors"]), r
+
+
 def test_count_mismatch_is_an_error_on_every_rank():
     outs = run_ranks("mismatch", 3, env={"MONEL_TIMEOUT": "10"})
     assert_ok(outs)

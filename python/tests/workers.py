@@ -192,6 +192,42 @@ def bad_input():
     print(json.dumps({"rank": c.rank, "errors": seen}))
 
 
+def jax_arrays():
+    """JAX arrays (through DLPack, no copy) as inputs of every kind of collective; outputs in
+    numpy, since JAX arrays are immutable; in place on a JAX array refused in words."""
+    import jax.numpy as jnp
+
+    c = monel.Communicator.from_env()
+    n, r = c.size, c.rank
+    x = jnp.arange(6, dtype=jnp.float32) + r
+    out = np.zeros(6, np.float32)
+    c.all_reduce(x, out)
+    want = sum(np.arange(6, dtype=np.float32) + k for k in range(n))
+    assert (out == want).all(), out
+    # The JAX array is untouched.
+    assert (np.asarray(x) == np.arange(6) + r).all()
+    g = np.zeros(6 * n, np.int32)
+    c.all_gather(jnp.full(6, r, dtype=jnp.int32), g)
+    assert (g == np.repeat(np.arange(n), 6)).all(), g
+    b = np.zeros(4, np.float32)
+    c.broadcast(jnp.full(4, 7.5 + r, dtype=jnp.float32), 0, b)
+    assert (b == 7.5).all(), b
+    errors = []
+    try:
+        c.all_reduce(x)
+    except monel.InvalidArgumentError as e:
+        errors.append(str(e))
+    try:
+        c.all_reduce(out, x)
+    except monel.InvalidArgumentError as e:
+        errors.append(str(e))
+    # Still usable.
+    y = np.ones(3, np.float32)
+    c.all_reduce(y)
+    assert (y == n).all()
+    print(json.dumps({"rank": r, "errors": errors}))
+
+
 def mismatch():
     c = monel.Communicator.from_env()
     n = 4 if c.rank == 0 else 5
