@@ -652,6 +652,85 @@ fn post_recvs(e: &Endpoint<'_>, size: usize, n: u32) -> anyhow::Result<u32> {
     Ok(n)
 }
 
+/// A timed run's clock (perftest's `-D`): it starts at `start` (the server's at its first
+/// arrival), counts what completes between the margins, and ends after the duration.
+struct Sampler {
+    duration: Duration,
+    margin: Duration,
+    start: Option<Instant>,
+    opened: Option<(u64, Instant)>,
+    closed: Option<(u64, Instant)>,
+}
+
+impl Sampler {
+    fn new(o: &PerfOptions, start: Option<Instant>) -> Option<Self> {
+        Some(Self {
+            duration: o.duration?,
+            margin: o.margin.unwrap_or_default(),
+            start,
+            opened: None,
+            closed: None,
+        })
+    }
+    /// Notes the count at `now`; true once the duration has passed.
+    fn tick(&mut self, count: u64, now: Instant) -> bool {
+        let Some(t0) = self.start else {
+            return false;
+        };
+        if self.opened.is_none() && now >= t0 + self.margin {
+            self.opened = Some((count, now));
+        }
+        if self.closed.is_none() && now >= t0 + self.duration.saturating_sub(self.margin) {
+            self.closed = Some((count, now));
+        }
+        now >= t0 + self.duration
+    }
+    /// What the window held, as perftest reports a timed run (no peak).
+    fn report(&self, size: usize) -> Option<BwReport> {
+        let ((a, ta), (b, tb)) = (self.opened?, self.closed?);
+        Some(BwReport {
+            size,
+            iters: b - a,
+            seconds: (tb - ta).as_secs_f64().max(1e-9),
+            peak_mbs: 0.0,
+        })
+    }
+}
+
+/// The next completions into `wcs` (waiting a little when there are none: then `Ok(false)`);
+/// an error once nothing has completed for 30 s since `last`, or on a failed completion.
+fn next_completions(
+    cq: &monel_verbs::CompletionQueue,
+    wcs: &mut Vec<WorkCompletion>,
+    last: &mut Instant,
+    what: &str,
+) -> anyhow::Result<bool> {
+    wcs.clear();
+    if cq.poll_into(64, wcs) == 0 {
+        cq.wait(Duration::from_millis(20));
+        if last.elapsed() > Duration::from_secs(30) {
+            bail!("{what}: nothing completed for 30 s");
+        }
+        return Ok(false);
+    }
+    *last = Instant::now();
+    if let Some(wc) = wcs.iter().find(|w| w.status != WcStatus::Success) {
+        bail!("{what}: completion {:?} ({:?})", wc.status, wc.opcode);
+    }
+    Ok(true)
+}
+
+/// A whole-run report: `count` messages of `size` since `start`.
+fn whole_run(size: usize, count: u64, start: Option<Instant>) -> BwReport {
+    let seconds = start.map_or(0.0, |t| t.elapsed().as_secs_f64()).max(1e-9);
+    BwReport {
+        size,
+        iters: count,
+        seconds,
+        peak_mbs: count as f64 * size as f64 / seconds / f64::from(1 << 20),
+    }
+}
+
 /// `send-bw -b`: each side SENDs `iters` messages on each QP while it receives as many,
 /// reposting a receive on its QP while more are due; the server starts sending at its first
 /// arrival (perftest's `run_iter_bi`). With a duration, both run for it and count what this
@@ -674,22 +753,13 @@ fn both_ways(
     };
     let cq_mod = u64::from(o.cq_mod.clamp(1, o.tx_depth));
     let mut start = client.then(Instant::now);
-    let (mut opened, mut closed) = (None::<(u64, Instant)>, None::<(u64, Instant)>);
+    let mut sampler = Sampler::new(o, start);
     let mut wcs = Vec::new();
     let mut last = Instant::now();
     loop {
-        let now = Instant::now();
-        let total_done: u64 = done.iter().sum();
-        let mut stop = false;
-        if let (Some(d), Some(m), Some(t0)) = (o.duration, o.margin, start) {
-            if opened.is_none() && now >= t0 + m {
-                opened = Some((total_done, now));
-            }
-            if closed.is_none() && now >= t0 + d.saturating_sub(m) {
-                closed = Some((total_done, now));
-            }
-            stop = now >= t0 + d;
-        }
+        let stop = sampler
+            .as_mut()
+            .is_some_and(|s| s.tick(done.iter().sum(), Instant::now()));
         let sending = start.is_some() && !stop;
         let mut busy = o.duration.is_some() && !stop;
         for (k, e) in eps.iter().enumerate() {
@@ -724,24 +794,18 @@ fn both_ways(
         if !busy {
             break;
         }
-        wcs.clear();
-        if cq.poll_into(64, &mut wcs) == 0 {
-            cq.wait(Duration::from_millis(20));
-            if last.elapsed() > Duration::from_secs(30) {
-                bail!("send-bw -b: nothing completed for 30 s");
-            }
+        if !next_completions(cq, &mut wcs, &mut last, "send-bw -b")? {
             continue;
         }
-        last = Instant::now();
         for wc in &wcs {
-            if wc.status != WcStatus::Success {
-                bail!("send-bw -b: completion {:?}", wc.status);
-            }
             let Some(k) = qpns.iter().position(|&q| q == wc.qp_num) else {
                 continue;
             };
             if wc.opcode == WcOpcode::Recv {
-                start.get_or_insert_with(Instant::now);
+                if start.is_none() {
+                    start = Some(Instant::now());
+                    sampler = Sampler::new(o, start);
+                }
                 got[k] += 1;
                 if rposted[k] < per {
                     post_recvs(&eps[k], o.size, 1)?;
@@ -752,23 +816,9 @@ fn both_ways(
             }
         }
     }
-    if let (Some((a, ta)), Some((b, tb))) = (opened, closed) {
-        return Ok(BwReport {
-            size: o.size,
-            iters: b - a,
-            seconds: (tb - ta).as_secs_f64().max(1e-9),
-            peak_mbs: 0.0,
-        });
-    }
-    let all: u64 = done.iter().sum();
-    let seconds = start.map_or(0.0, |t| t.elapsed().as_secs_f64()).max(1e-9);
-    let avg = all as f64 * o.size as f64 / seconds / f64::from(1 << 20);
-    Ok(BwReport {
-        size: o.size,
-        iters: all,
-        seconds,
-        peak_mbs: avg,
-    })
+    Ok(sampler
+        .and_then(|s| s.report(o.size))
+        .unwrap_or_else(|| whole_run(o.size, done.iter().sum(), start)))
 }
 
 /// `send-bw` server: counts `iters` receives on each QP (each began with `posted` posted),
@@ -781,42 +831,25 @@ fn recv_run(eps: &[Endpoint<'_>], o: &PerfOptions, posted: u32) -> anyhow::Resul
     let mut posted = vec![posted; eps.len()];
     let total = u64::from(o.iters) * eps.len() as u64;
     let (mut got, mut start) = (0u64, None::<Instant>);
-    // With a duration: (count, time) when the window opened and closed.
-    let (mut opened, mut closed) = (None::<(u64, Instant)>, None::<(u64, Instant)>);
+    let mut sampler = Sampler::new(o, None);
     let mut wcs = Vec::new();
     let mut last = Instant::now();
     loop {
-        let now = Instant::now();
-        match (o.duration, o.margin, start) {
-            (Some(d), Some(m), Some(t0)) => {
-                if opened.is_none() && now >= t0 + m {
-                    opened = Some((got, now));
-                }
-                if closed.is_none() && now >= t0 + d.saturating_sub(m) {
-                    closed = Some((got, now));
-                }
-                if now >= t0 + d {
-                    break;
-                }
-            }
-            (Some(_), _, _) => {}
-            (None, ..) if got >= total => break,
-            (None, ..) => {}
+        let done = match sampler.as_mut() {
+            Some(s) => s.tick(got, Instant::now()),
+            None => got >= total,
+        };
+        if done {
+            break;
         }
-        wcs.clear();
-        if cq.poll_into(64, &mut wcs) == 0 {
-            cq.wait(Duration::from_millis(20));
-            if last.elapsed() > Duration::from_secs(30) {
-                bail!("send-bw: {got} messages arrived, then none for 30 s");
-            }
+        if !next_completions(cq, &mut wcs, &mut last, "send-bw")? {
             continue;
         }
-        last = Instant::now();
         for wc in &wcs {
-            if wc.status != WcStatus::Success {
-                bail!("send-bw: receive completed with {:?}", wc.status);
+            if start.is_none() {
+                start = Some(Instant::now());
+                sampler = Sampler::new(o, start);
             }
-            start.get_or_insert_with(Instant::now);
             got += 1;
             let Some(k) = qpns.iter().position(|&q| q == wc.qp_num) else {
                 continue;
@@ -827,20 +860,7 @@ fn recv_run(eps: &[Endpoint<'_>], o: &PerfOptions, posted: u32) -> anyhow::Resul
             }
         }
     }
-    if let (Some((a, ta)), Some((b, tb))) = (opened, closed) {
-        return Ok(BwReport {
-            size: o.size,
-            iters: b - a,
-            seconds: (tb - ta).as_secs_f64().max(1e-9),
-            peak_mbs: 0.0,
-        });
-    }
-    let seconds = start.map_or(0.0, |t| t.elapsed().as_secs_f64()).max(1e-9);
-    let avg = got as f64 * o.size as f64 / seconds / f64::from(1 << 20);
-    Ok(BwReport {
-        size: o.size,
-        iters: got,
-        seconds,
-        peak_mbs: avg,
-    })
+    Ok(sampler
+        .and_then(|s| s.report(o.size))
+        .unwrap_or_else(|| whole_run(o.size, got, start)))
 }
