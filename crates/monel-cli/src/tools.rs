@@ -3,6 +3,7 @@
 
 pub(crate) mod perf;
 pub(crate) mod perftest_oob;
+pub(crate) mod perftest_runs;
 pub(crate) mod pingpong;
 pub(crate) mod srq_pingpong;
 pub(crate) mod transfer;
