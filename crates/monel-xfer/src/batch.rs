@@ -291,6 +291,16 @@ impl Batch {
         }
     }
 
+    /// How many descriptors.
+    pub fn len(&self) -> usize {
+        self.descs.len()
+    }
+
+    /// True for a batch of no descriptors.
+    pub fn is_empty(&self) -> bool {
+        self.descs.is_empty()
+    }
+
     /// Slices posted and not yet ended.
     pub fn in_flight(&self) -> usize {
         self.in_flight

@@ -28,6 +28,10 @@ pub enum XferError {
     /// The peer's path failed (its queue pair, connection or process); what was in flight
     /// to it did not complete.
     PeerLost(String),
+    /// The transport failed (a verb, a socket); the text says which.
+    Transport(String),
+    /// Nothing happened in time.
+    Timeout(String),
     /// A notification the receiver already had (same sender, same or older number).
     DuplicateNotification {
         /// The sender.
@@ -54,6 +58,8 @@ impl fmt::Display for XferError {
             Self::Duplicate(n) => write!(f, "a segment named {n:?} exists already"),
             Self::BadMessage(why) => write!(f, "bad message from the peer: {why}"),
             Self::PeerLost(why) => write!(f, "peer lost: {why}"),
+            Self::Transport(why) => write!(f, "transport: {why}"),
+            Self::Timeout(why) => write!(f, "timed out: {why}"),
             Self::DuplicateNotification { from, seq } => {
                 write!(f, "notification {seq} from {from:?} arrived before")
             }

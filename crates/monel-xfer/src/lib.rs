@@ -1,6 +1,6 @@
 //! Monel's transfer engine for inference memory: KV-cache blocks and other buffers moved
 //! between processes by one-sided READ and WRITE, as Mooncake's Transfer Engine and NVIDIA's
-//! NIXL move them. This crate is the engine's protocol, sans IO:
+//! NIXL move them. The engine's protocol, sans IO:
 //!
 //! - [`segment`]: named, registered memory an agent publishes (one or more buffers each),
 //!   and where a range of it lies;
@@ -9,16 +9,21 @@
 //!   data is in place;
 //! - [`notify`]: notifications numbered per sender, each taken once;
 //! - [`wire`]: the messages agents exchange (segment tables, notifications, withdrawals),
-//!   every count bounded before allocation.
+//!   every count bounded before allocation;
+//!
+//! and its I/O edge, [`agent`]: an agent over Monel's verbs (the soft RNIC, or a kernel RDMA
+//! device), one authenticated RC queue pair per peer.
 //!
 //! See `docs/xfer.md` for the model next to Mooncake's and NIXL's.
 
+pub mod agent;
 pub mod batch;
 pub mod error;
 pub mod notify;
 pub mod segment;
 pub mod wire;
 
+pub use agent::{Agent, AgentConfig, BatchId};
 pub use batch::{Batch, Desc, DescState, Op, Plan, Slice};
 pub use error::{Result, XferError};
 pub use notify::{Inbox, Notification, Outbox};

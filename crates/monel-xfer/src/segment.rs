@@ -112,16 +112,17 @@ impl Segment {
     }
 }
 
-fn check_name(name: &str) -> Result<()> {
+/// Checks a name (of a segment or an agent): 1 to 255 bytes, no control characters.
+pub(crate) fn check_name(name: &str) -> Result<()> {
     if name.is_empty() || name.len() > MAX_NAME {
         return Err(XferError::TooLarge(format!(
-            "segment name of {} bytes (1 to {MAX_NAME})",
+            "a name of {} bytes (1 to {MAX_NAME})",
             name.len()
         )));
     }
     if name.chars().any(char::is_control) {
         return Err(XferError::BadMessage(format!(
-            "segment name {name:?} holds control characters"
+            "name {name:?} holds control characters"
         )));
     }
     Ok(())

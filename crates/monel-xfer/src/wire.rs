@@ -7,6 +7,7 @@
 //! segments (1) count:u32 { name_len:u8 name nbuf:u32 { addr:u64 len:u64 rkey:u32 }* }*
 //! notify   (2) seq:u64 len:u32 payload
 //! revoke   (3) name_len:u8 name
+//! hello    (4) name_len:u8 name
 //! ```
 //! Big-endian throughout.
 
@@ -34,6 +35,8 @@ pub enum Msg {
     },
     /// The sender withdrew a segment.
     Revoke(String),
+    /// The sender's agent name (its first message on a connection).
+    Hello(String),
 }
 
 impl Msg {
@@ -62,6 +65,10 @@ impl Msg {
             }
             Self::Revoke(name) => {
                 out.push(3);
+                put_name(&mut out, name);
+            }
+            Self::Hello(name) => {
+                out.push(4);
                 put_name(&mut out, name);
             }
         }
@@ -135,6 +142,11 @@ impl Msg {
                 }
             }
             3 => Self::Revoke(r.name()?),
+            4 => {
+                let name = r.name()?;
+                crate::segment::check_name(&name)?;
+                Self::Hello(name)
+            }
             k => return Err(bad(&format!("unknown message kind {k}"))),
         };
         if !r.b.is_empty() {
@@ -240,6 +252,7 @@ mod tests {
                 payload: b"req 42: blocks 0-15".to_vec(),
             },
             Msg::Revoke("kv-layer-0".into()),
+            Msg::Hello("prefill-0".into()),
         ] {
             let b = m.encode();
             assert_eq!(Msg::decode(&b).unwrap(), m);
