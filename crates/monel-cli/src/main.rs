@@ -16,6 +16,7 @@ mod sim;
 mod switch;
 mod tools;
 mod transfer;
+mod xfer_bench;
 
 use clap::{Parser, Subcommand};
 
@@ -52,6 +53,10 @@ enum Cmd {
     Switch(switch::SwitchArgs),
     /// One verified bulk RDMA WRITE (default 1 GiB): goodput, recovery counters, DCQCN.
     Transfer(transfer::TransferArgs),
+    /// The transfer engine driven as Mooncake's and NIXL's benchmarks drive theirs: a
+    /// target, and an initiator's threads submitting batches of blocks (READ or WRITE) for a
+    /// while; throughput, every block checked.
+    XferBench(xfer_bench::XferBenchArgs),
     /// Run N local ranks of a command with torchrun's variables (MASTER_ADDR, RANK, ...).
     Launch(launch::LaunchArgs),
     /// nccl-tests-style collective benchmark (run under `monel launch`, torchrun, Slurm or
@@ -75,6 +80,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Perf(a) => perf::run(&a),
         Cmd::Switch(a) => switch::run(&a),
         Cmd::Transfer(a) => transfer::run(&a),
+        Cmd::XferBench(a) => xfer_bench::run(&a),
         Cmd::Launch(a) => launch::run(&a),
         Cmd::Bench(a) => bench::run(&a),
         Cmd::Fabric(a) => fabric::run(&a),

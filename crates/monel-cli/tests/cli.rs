@@ -312,6 +312,60 @@ fn perftest_exchange_runs_between_two_processes_with_its_flags() {
     }
 }
 
+#[test]
+fn xfer_bench_moves_and_checks_blocks_both_ways() {
+    let target = spawn(&[
+        "xfer-bench",
+        "-d",
+        "127.0.4.11",
+        "-p",
+        "19711",
+        "--buffer-size",
+        "4194304",
+        "--serve",
+        "20",
+    ]);
+    for op in ["write", "read"] {
+        let (code, out) = monel(&[
+            "xfer-bench",
+            "127.0.4.11:19711",
+            "-d",
+            "127.0.4.12",
+            "--operation",
+            op,
+            "--block-size",
+            "65536",
+            "--batch-size",
+            "8",
+            "--threads",
+            "2",
+            "--duration",
+            "1",
+            "--buffer-size",
+            "4194304",
+        ]);
+        assert_eq!(code, 0, "{op}: {out}");
+        assert!(out.contains("every block checked"), "{op}: {out}");
+        assert!(
+            out.contains(&format!("xfer-bench {op} block 65536 batch 8 threads 2")),
+            "{out}"
+        );
+    }
+    let (code, out) = monel(&[
+        "xfer-bench",
+        "127.0.4.11:19711",
+        "-d",
+        "127.0.4.12",
+        "--operation",
+        "copy",
+    ]);
+    assert_ne!(code, 0);
+    assert!(out.contains("read or write"), "{out}");
+    let mut target = target;
+    let _ = target.kill();
+    let _ = target.wait();
+}
+
 /// Runs a raw-UDP baseline (`monel perf TEST -n N` plus `extra`): the server on 127.0.1.4,
 /// the client on 127.0.1.5; the client must succeed. Returns the client's and the server's
 /// output.
