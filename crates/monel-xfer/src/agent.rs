@@ -38,6 +38,10 @@ const RX_SLOTS: usize = 16;
 const TX_SLOTS: usize = 16;
 /// Work requests each peer's queue pair holds.
 const SQ_DEPTH: u32 = 256;
+/// Completions the agent's one CQ holds (rxe allows at most 32,767).
+const CQ_DEPTH: usize = 16 << 10;
+/// Most live peers: each can have its queue pair's every work request complete at once.
+pub const MAX_PEERS: usize = CQ_DEPTH / (SQ_DEPTH as usize + TX_SLOTS + RX_SLOTS);
 /// `wr_id` kinds.
 const WR_SLICE: u64 = 1 << 56;
 const WR_MSG_TX: u64 = 2 << 56;
@@ -187,7 +191,7 @@ impl Agent {
         )
         .map_err(verbs)?;
         let pd = ctx.alloc_pd();
-        let cq = ctx.create_cq(16 * 1024).map_err(verbs)?;
+        let cq = ctx.create_cq(CQ_DEPTH).map_err(verbs)?;
         let listener = Listener::bind(cfg.listen).map_err(verbs)?;
         let addr = listener.local_addr().map_err(verbs)?;
         let shared = Arc::new(Shared {
@@ -489,8 +493,10 @@ fn add_peer(s: &Shared, qp: QueuePair) -> Result<usize> {
             .map_err(verbs)?;
     let mut st = s.state();
     let i = st.peers.len();
-    if i >= 1 << 16 {
-        return Err(XferError::TooLarge("more than 65,536 peers".into()));
+    if i >= 1 << 16 || st.peers.iter().filter(|p| p.lost.is_none()).count() >= MAX_PEERS {
+        return Err(XferError::TooLarge(format!(
+            "more than {MAX_PEERS} live peers on one agent"
+        )));
     }
     for slot in 0..RX_SLOTS {
         qp.post_recv(RecvWr {

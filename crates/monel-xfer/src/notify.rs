@@ -8,8 +8,8 @@ use std::collections::{HashMap, VecDeque};
 use crate::batch::MAX_NOTIFICATION;
 use crate::error::{Result, XferError};
 
-/// Most peers whose numbering an inbox remembers, and notifications it holds unread.
-pub const MAX_PEERS: usize = 1 << 16;
+/// Most senders whose numbering an inbox remembers.
+pub const MAX_SENDERS: usize = 1 << 16;
 /// Notifications an inbox holds before refusing more (the consumer is not reading).
 pub const MAX_UNREAD: usize = 1 << 16;
 
@@ -68,7 +68,7 @@ impl Inbox {
             });
         }
         if self.unread.len() >= MAX_UNREAD
-            || (!self.last.contains_key(from) && self.last.len() >= MAX_PEERS)
+            || (!self.last.contains_key(from) && self.last.len() >= MAX_SENDERS)
         {
             return Err(XferError::TooLarge(format!(
                 "the inbox is full ({MAX_UNREAD} unread): read notifications"
