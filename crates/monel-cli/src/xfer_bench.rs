@@ -74,7 +74,9 @@ pub(crate) fn run(a: &XferBenchArgs) -> anyhow::Result<()> {
     } else {
         "target"
     };
-    let agent = Agent::new(AgentConfig::new(role, dev, listen, secret))?;
+    let mut cfg = AgentConfig::new(role, dev, listen, secret);
+    cfg.udp_port = a.conn.udp_port;
+    let agent = Agent::new(cfg)?;
     if a.target.is_none() {
         let len = usize::try_from(a.buffer_size)?;
         agent.register("buffer", len)?;

@@ -64,6 +64,9 @@ pub struct AgentConfig {
     pub plan: Plan,
     /// Limit on each connection setup.
     pub timeout: Duration,
+    /// The soft RNIC's UDP port: RoCE's 4791, where hardware peers and rxe send; another
+    /// (or 0, any free one) lets several agents share an address with soft peers only.
+    pub udp_port: u16,
 }
 
 impl AgentConfig {
@@ -83,6 +86,7 @@ impl AgentConfig {
             auth,
             plan: Plan::default(),
             timeout: Duration::from_secs(10),
+            udp_port: ContextConfig::default().udp_port,
         }
     }
 }
@@ -185,7 +189,7 @@ impl Agent {
         let ctx = Context::open(
             &cfg.device,
             ContextConfig {
-                udp_port: 0,
+                udp_port: cfg.udp_port,
                 ..ContextConfig::default()
             },
         )
@@ -287,24 +291,26 @@ impl Agent {
 
     /// Writes `data` into this agent's segment `name` at `offset`.
     pub fn write_local(&self, name: &str, offset: usize, data: &[u8]) -> Result<()> {
-        let st = self.shared.state();
-        let mr = st
-            .local
-            .mrs
-            .get(name)
-            .ok_or_else(|| XferError::UnknownSegment(name.to_string()))?;
-        mr.write(offset, data).map_err(verbs)
+        self.with_region(name, |mr| mr.write(offset, data))
     }
 
     /// Reads this agent's segment `name` at `offset` into `out`.
     pub fn read_local(&self, name: &str, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.with_region(name, |mr| mr.read(offset, out))
+    }
+
+    fn with_region(
+        &self,
+        name: &str,
+        f: impl FnOnce(&MemoryRegion) -> monel_verbs::Result<()>,
+    ) -> Result<()> {
         let st = self.shared.state();
         let mr = st
             .local
             .mrs
             .get(name)
             .ok_or_else(|| XferError::UnknownSegment(name.to_string()))?;
-        mr.read(offset, out).map_err(verbs)
+        f(mr).map_err(verbs)
     }
 
     /// Connects to the agent listening at `addr`; returns its name once its segment table
