@@ -191,7 +191,7 @@ fn a_peer_without_the_secret_is_refused_and_the_listener_goes_on() {
     let a = agent("a", "127.0.3.5", Some(SECRET));
     let intruder = agent("intruder", "127.0.3.6", Some(b"another secret"));
     assert!(intruder.connect(a.address()).is_err());
-    let none = agent("none", "127.0.3.6", None);
+    let none = agent("none", "127.0.3.11", None);
     assert!(none.connect(a.address()).is_err());
     let friend = agent("friend", "127.0.3.7", Some(SECRET));
     assert_eq!(friend.connect(a.address()).unwrap(), "a");
