@@ -273,6 +273,8 @@ for l in sys.stdin:
 cp "$vtest" "$out/rdma_core_tests"
 fsizes=${RXEVM_HW_SIZES:-"1 4096 65536"}
 colls="all_reduce broadcast reduce all_gather reduce_scatter alltoall gather scatter"
+xbuf=$((8 << 20))
+xflags="--block-size 65536 --batch-size 8 --threads 2 --duration 1 --buffer-size $xbuf"
 ftests="write-bw read-bw send-bw write-lat read-lat send-lat atomic-lat"
 cat > "$out/hw.sh" <<VM
 set -u
@@ -294,6 +296,14 @@ for t in $ftests; do
   until timeout 60 monel perf \$t -d rxe0 -n $iters -s 4096 10.77.0.1 > /tmp/o 2>&1; do
     grep -q "onnect" /tmp/o || { cat /tmp/o; exit 1; }; n=\$((n+1)); [ \$n -lt 100 ] || exit 1; sleep 0.3
   done; grep -A1 "#bytes" /tmp/o
+done
+# The transfer engine: rxe0 (rdma-core) as the target, then as the initiator.
+echo "RUN xfer target"; timeout 60 monel xfer-bench -d rxe0 -p 19700 --buffer-size $xbuf --serve 12 || exit 1
+for op in write read; do
+  echo "RUN xfer initiator \$op"; n=0
+  until timeout 60 monel xfer-bench 10.77.0.1:19701 -d rxe0 --operation \$op $xflags > /tmp/o 2>&1; do
+    grep -q "onnect" /tmp/o || { cat /tmp/o; exit 1; }; n=\$((n+1)); [ \$n -lt 20 ] || exit 1; sleep 0.5
+  done; grep "every block checked" /tmp/o || { cat /tmp/o; exit 1; }
 done
 for s in $fsizes; do
   echo "RUN monel-srv/ibv-cli s=\$s"
@@ -348,12 +358,29 @@ for role in client server; do for t in $ftests; do
     echo "FAIL F host-$role perf $t: $r"; fail=1
   fi
 done; done
+# The transfer engine: the host's soft RNIC the initiator against rxe0, then the target.
+for op in write read; do
+  kill -0 $vm 2>/dev/null || { echo "FAIL F: the VM side stopped early"; fail=1; break; }
+  if r=$(ip netns exec "$NS" timeout 60 "$monel" xfer-bench 10.77.0.2:19700 -d 10.77.0.1 --operation $op $xflags 2>&1) &&
+    grep -q "every block checked" <<<"$r"; then
+    echo "PASS F host-initiator xfer $op (VM rdma-core target): $(grep xfer-bench <<<"$r")"
+  else
+    echo "FAIL F host-initiator xfer $op: $r"; fail=1
+  fi
+done
+if kill -0 $vm 2>/dev/null; then
+  ip netns exec "$NS" timeout 60 "$monel" xfer-bench -d 10.77.0.1 -p 19701 --buffer-size $xbuf --serve 30 > "$out/xfer-target.txt" 2>&1 &
+  xt=$!
+fi
 if wait $vm && grep -q "HW DONE" "$out/vm-f.txt"; then
+  grep "xfer-bench" "$out/vm-f.txt" | grep "every block checked" | sed 's/^/PASS F vm-initiator (host soft-RNIC target): /'
+  [[ $(grep -c "xfer-bench .*every block checked" "$out/vm-f.txt") == 2 ]] || { echo "FAIL F: the VM's xfer-bench runs"; fail=1; }
   echo "PASS F vm: $(grep -c '^test .* ok$' "$out/vm-f.txt") verbs tests on rxe0; pingpong both ways with ibv_rc_pingpong; every collective on 2 ranks over rxe0, verified"
   grep -E "test result|RUN bench" "$out/vm-f.txt" | sed 's/^/  vm: /'
 else
   echo "FAIL F: VM side"; grep -vE "^\[" "$out/vm-f.txt" | tail -30; fail=1
 fi
+[[ -z ${xt:-} ]] || { kill $xt 2>/dev/null; wait $xt 2>/dev/null || true; }
 
 echo "== interop.sh took $(( $(date +%s) - start )) s; result: $([[ $fail == 0 ]] && echo PASS || echo FAIL)"
 exit $fail
