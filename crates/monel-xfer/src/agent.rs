@@ -459,7 +459,8 @@ fn cm_config(cfg: &AgentConfig) -> CmConfig {
     CmConfig {
         secret: cfg.secret.clone(),
         mtu: Mtu::Mtu4096,
-        gid_index: 0,
+        // RoCE v2 over IPv4 where the port has it (a kernel device's GID 0 is RoCE v1).
+        gid_index: cfg.device.ipv4_gid_index().unwrap_or(0),
         timeout: cfg.timeout,
         params: ConnectParams {
             // A peer that is gone ends in about a second, not never.
