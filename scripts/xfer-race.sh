@@ -1,0 +1,37 @@
+#!/bin/bash
+# The transfer engine against Mooncake's on loopback, same run: the soft RNIC's raw WRITE
+# bandwidth (`monel perf write-bw`, one QP), `monel xfer-bench` and Mooncake's TCP transport
+# (bench/race/mooncake_xfer.py), WRITE, batches of 8 blocks, 2 threads, 3 s each, per block
+# size, for ROUNDS rounds. MOONCAKE_PY: a python with mooncake-transfer-engine-non-cuda and
+# numpy installed.
+#   scripts/xfer-race.sh [ROUNDS] [BLOCK ...]       (default: 3 rounds; 65536 1048576)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+shift || true
+blocks=("$@")
+((${#blocks[@]})) || blocks=(65536 1048576)
+m=target/release/monel
+py=${MOONCAKE_PY:-python3}
+out=$(mktemp -d)
+$m xfer-bench -d 127.0.6.1 -p 19800 --buffer-size $((64 << 20)) --serve 900 > "$out/xt" 2>&1 &
+xt=$!
+"$py" bench/race/mooncake_xfer.py target 127.0.6.3 17800 $((64 << 20)) 900 > "$out/mt" 2>&1 &
+mt=$!
+trap 'kill $xt $mt 2>/dev/null || true; rm -rf "$out"' EXIT
+for _ in $(seq 50); do grep -q '^TARGET' "$out/mt" && break; sleep 0.2; done
+read -r _ name addr < <(grep '^TARGET' "$out/mt")
+for r in $(seq "$rounds"); do
+  for bs in "${blocks[@]}"; do
+    p=$((19900 + r * 10))
+    $m perf write-bw -d 127.0.6.5 -p $p --udp-port $((p + 1)) -s "$bs" -D 3 > /dev/null 2>&1 &
+    srv=$!
+    sleep 0.3
+    raw=$($m perf write-bw -d 127.0.6.6 -p $p --udp-port $((p + 1)) -s "$bs" -D 3 127.0.6.5 | tail -1 | awk '{printf "%.3f", $4 * 1048576 / 1e9}')
+    wait $srv
+    x=$($m xfer-bench 127.0.6.1:19800 -d 127.0.6.2 --operation write --block-size "$bs" --batch-size 8 \
+      --threads 2 --duration 3 --buffer-size $((64 << 20)) | grep -o '[0-9.]* GB/s' | head -1)
+    mc=$("$py" bench/race/mooncake_xfer.py init 127.0.6.4 "$name" "$addr" "$bs" 8 2 3 2> /dev/null | grep -o '[0-9.]* GB/s')
+    echo "round $r block $bs: raw write-bw $raw GB/s; monel xfer-bench $x; mooncake tcp $mc"
+  done
+done
