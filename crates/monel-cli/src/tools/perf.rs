@@ -290,6 +290,51 @@ fn post_op(e: &Endpoint<'_>, test: Test, size: usize, wr_id: u64, signaled: bool
     })
 }
 
+/// A timed run's clock (perftest's `-D`): it starts at `start` (the server's at its first
+/// arrival), counts what completes between the margins, and ends after the duration.
+pub(crate) struct Sampler {
+    duration: Duration,
+    margin: Duration,
+    start: Option<Instant>,
+    opened: Option<(u64, Instant)>,
+    closed: Option<(u64, Instant)>,
+}
+
+impl Sampler {
+    pub(crate) fn new(o: &PerfOptions, start: Option<Instant>) -> Option<Self> {
+        Some(Self {
+            duration: o.duration?,
+            margin: o.margin.unwrap_or_default(),
+            start,
+            opened: None,
+            closed: None,
+        })
+    }
+    /// Notes the count at `now`; true once the duration has passed.
+    pub(crate) fn tick(&mut self, count: u64, now: Instant) -> bool {
+        let Some(t0) = self.start else {
+            return false;
+        };
+        if self.opened.is_none() && now >= t0 + self.margin {
+            self.opened = Some((count, now));
+        }
+        if self.closed.is_none() && now >= t0 + self.duration.saturating_sub(self.margin) {
+            self.closed = Some((count, now));
+        }
+        now >= t0 + self.duration
+    }
+    /// What the window held, as perftest reports a timed run (no peak).
+    pub(crate) fn report(&self, size: usize) -> Option<BwReport> {
+        let ((a, ta), (b, tb)) = (self.opened?, self.closed?);
+        Some(BwReport {
+            size,
+            iters: b - a,
+            seconds: (tb - ta).as_secs_f64().max(1e-9),
+            peak_mbs: 0.0,
+        })
+    }
+}
+
 /// Bandwidth, requester side: keeps `tx_depth` messages in flight on each endpoint's QP
 /// (perftest's `-q`: every QP runs `iters` messages, posted round-robin; the endpoints share
 /// one CQ). With a duration, the report counts what completed between `margin` after the
@@ -313,6 +358,8 @@ pub(crate) fn bw_client(eps: &[Endpoint<'_>], test: Test, o: &PerfOptions) -> Re
     let mut closed = vec![false; eps.len()];
     let qpns: Vec<_> = eps.iter().map(|e| e.qp.qp_num()).collect();
     let (mut all_done, mut marks) = (0u64, Vec::new());
+    // perftest's timed run counts only between its margins.
+    let mut sampler = o.margin.and_then(|_| Sampler::new(o, Some(start)));
     let mut wcs = Vec::new();
     loop {
         let stop = end_at.is_some_and(|t| Instant::now() >= t);
@@ -358,25 +405,13 @@ pub(crate) fn bw_client(eps: &[Endpoint<'_>], test: Test, o: &PerfOptions) -> Re
             }
             marks.push((all_done, start.elapsed().as_secs_f64()));
         }
+        if let Some(s) = sampler.as_mut() {
+            s.tick(all_done, Instant::now());
+        }
     }
     let seconds = start.elapsed().as_secs_f64();
-    if let (Some(d), Some(m)) = (o.duration, o.margin) {
-        // What completed inside the sampling window.
-        let (from, to) = (m.as_secs_f64(), (d.saturating_sub(m)).as_secs_f64());
-        let at = |t: f64| {
-            marks
-                .iter()
-                .take_while(|x| x.1 <= t)
-                .last()
-                .map_or((0, 0.0), |x| (x.0, x.1))
-        };
-        let (a, b) = (at(from), at(to));
-        return Ok(BwReport {
-            size: o.size,
-            iters: b.0 - a.0,
-            seconds: (b.1 - a.1).max(1e-9),
-            peak_mbs: 0.0,
-        });
+    if let Some(r) = sampler.and_then(|s| s.report(o.size)) {
+        return Ok(r);
     }
     // Peak: best rate over any window holding a tenth of the messages.
     let win = (all_done / 10).max(1);

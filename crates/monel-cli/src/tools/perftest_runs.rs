@@ -10,7 +10,7 @@ use monel_verbs::{
     RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use crate::tools::perf::{BwReport, Endpoint, PerfOptions, Test};
+use crate::tools::perf::{BwReport, Endpoint, PerfOptions, Sampler, Test};
 
 const STALL: Duration = Duration::from_secs(30);
 
@@ -225,51 +225,6 @@ pub(crate) fn post_recvs(e: &Endpoint<'_>, size: usize, n: u32) -> anyhow::Resul
         })?;
     }
     Ok(n)
-}
-
-/// A timed run's clock (perftest's `-D`): it starts at `start` (the server's at its first
-/// arrival), counts what completes between the margins, and ends after the duration.
-struct Sampler {
-    duration: Duration,
-    margin: Duration,
-    start: Option<Instant>,
-    opened: Option<(u64, Instant)>,
-    closed: Option<(u64, Instant)>,
-}
-
-impl Sampler {
-    fn new(o: &PerfOptions, start: Option<Instant>) -> Option<Self> {
-        Some(Self {
-            duration: o.duration?,
-            margin: o.margin.unwrap_or_default(),
-            start,
-            opened: None,
-            closed: None,
-        })
-    }
-    /// Notes the count at `now`; true once the duration has passed.
-    fn tick(&mut self, count: u64, now: Instant) -> bool {
-        let Some(t0) = self.start else {
-            return false;
-        };
-        if self.opened.is_none() && now >= t0 + self.margin {
-            self.opened = Some((count, now));
-        }
-        if self.closed.is_none() && now >= t0 + self.duration.saturating_sub(self.margin) {
-            self.closed = Some((count, now));
-        }
-        now >= t0 + self.duration
-    }
-    /// What the window held, as perftest reports a timed run (no peak).
-    fn report(&self, size: usize) -> Option<BwReport> {
-        let ((a, ta), (b, tb)) = (self.opened?, self.closed?);
-        Some(BwReport {
-            size,
-            iters: b - a,
-            seconds: (tb - ta).as_secs_f64().max(1e-9),
-            peak_mbs: 0.0,
-        })
-    }
 }
 
 /// The next completions into `wcs` (waiting a little when there are none: then `Ok(false)`);
