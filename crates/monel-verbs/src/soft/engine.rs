@@ -223,7 +223,7 @@ pub(crate) fn run(shared: &DevShared) {
             }
             // An application thread that started waiting while this one slept owns the sockets.
             if shared.callers.load(Ordering::Acquire) == 0 {
-                receive_all(shared, &mut rx, &mut icrc);
+                receive_all(shared, &table, &mut rx, &mut icrc);
             }
             // Timers, transmit, completions.
             next_timer = service(shared, &mut tx, Scope::All);
@@ -242,15 +242,19 @@ fn follow_addresses(shared: &DevShared) {
         .follow(&shared.device.name, &addrs, &shared.config);
 }
 
-/// Reads every socket dry, delivering to the QPs. Returns the datagrams read.
-fn receive_all(shared: &DevShared, rx: &mut RxBatch, icrc: &mut IcrcChecker) -> usize {
+/// Reads every socket of `table` dry, delivering to the QPs. Returns the datagrams read.
+fn receive_all(
+    shared: &DevShared,
+    table: &SockTable,
+    rx: &mut RxBatch,
+    icrc: &mut IcrcChecker,
+) -> usize {
     let n = rx.bufs.len();
     let _order = shared
         .rx_lock
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
     let mut total = 0;
-    let table = shared.sockets.load();
     for (si, sock) in table.receiving() {
         loop {
             let got = rx.recv(sock);
@@ -323,7 +327,7 @@ pub(crate) fn progress_once(shared: &DevShared) {
 /// responses (so an ACK leaves with its next post). Returns true if anything was received.
 fn caller_receive(shared: &DevShared) -> bool {
     with_caller_io(shared, |io| {
-        let got = receive_all(shared, &mut io.rx, &mut io.icrc) > 0;
+        let got = receive_all(shared, &shared.sockets.load(), &mut io.rx, &mut io.icrc) > 0;
         if got {
             service(shared, &mut io.tx, Scope::Received);
         }

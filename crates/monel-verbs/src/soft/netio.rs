@@ -47,7 +47,9 @@ pub(crate) struct GidSocks {
 #[derive(Debug, Default)]
 pub(crate) struct SockTable {
     pub(crate) gids: Vec<GidEntry>,
-    pub(crate) socks: Vec<Option<Arc<GidSocks>>>,
+    socks: Vec<Option<Arc<GidSocks>>>,
+    /// The entries that have sockets, with their index: what is received on.
+    live: Vec<(usize, Arc<GidSocks>)>,
 }
 
 /// The device's sockets, indexed like its GID table, which may change while the device is
@@ -191,7 +193,7 @@ impl Sockets {
             .map(|g| open_gid(g, config).map(|s| Some(Arc::new(s))))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            table: RwLock::new(Arc::new(SockTable { gids, socks })),
+            table: RwLock::new(Arc::new(SockTable::new(gids, socks))),
             generation: AtomicU64::new(0),
             gro: config.gso,
         })
@@ -264,21 +266,25 @@ impl Sockets {
             socks.pop();
         }
         *self.table.write().unwrap_or_else(PoisonError::into_inner) =
-            Arc::new(SockTable { gids, socks });
+            Arc::new(SockTable::new(gids, socks));
         self.generation.fetch_add(1, Ordering::AcqRel);
         true
     }
 }
 
 impl SockTable {
+    fn new(gids: Vec<GidEntry>, socks: Vec<Option<Arc<GidSocks>>>) -> Self {
+        let live = socks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| Some((i, s.clone()?)))
+            .collect();
+        Self { gids, socks, live }
+    }
+
     /// The entries that have sockets, with their GID index.
-    pub(crate) fn receiving(&self) -> impl ExactSizeIterator<Item = (usize, &Sock)> + Clone {
-        // Exact-size: a poll set is sized from it.
-        Receiving {
-            socks: &self.socks,
-            next: 0,
-            left: self.socks.iter().filter(|s| s.is_some()).count(),
-        }
+    pub(crate) fn receiving(&self) -> impl ExactSizeIterator<Item = (usize, &Sock)> {
+        self.live.iter().map(|(i, g)| (*i, &g.main))
     }
 
     /// The lane (0: the RoCE-port socket; k: the k-th send-only socket) QP `qpn` sends from.
@@ -321,34 +327,6 @@ impl SockTable {
         })
     }
 }
-
-/// [`SockTable::receiving`]'s iterator.
-#[derive(Clone)]
-struct Receiving<'a> {
-    socks: &'a [Option<Arc<GidSocks>>],
-    next: usize,
-    left: usize,
-}
-
-impl<'a> Iterator for Receiving<'a> {
-    type Item = (usize, &'a Sock);
-    fn next(&mut self) -> Option<Self::Item> {
-        while self.next < self.socks.len() {
-            let i = self.next;
-            self.next += 1;
-            if let Some(g) = &self.socks[i] {
-                self.left -= 1;
-                return Some((i, &g.main));
-            }
-        }
-        None
-    }
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.left, Some(self.left))
-    }
-}
-
-impl ExactSizeIterator for Receiving<'_> {}
 
 /// One received datagram's metadata.
 #[derive(Debug, Clone, Copy)]
