@@ -9,7 +9,7 @@
 //! ends slices, posts what waits, wakes waiters). A peer whose queue pair fails is lost:
 //! its batches' slices fail with [`XferError::PeerLost`], nothing else is touched.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -36,6 +36,9 @@ const MSG_MAX: usize = 128 << 10;
 /// Receive slots per peer for its messages, and send slots for ours.
 const RX_SLOTS: usize = 16;
 const TX_SLOTS: usize = 16;
+/// Messages queued for one peer beyond its send slots (notifications of batches that
+/// finished faster than the peer takes them).
+const MAX_QUEUED: usize = 4096;
 /// Work requests each peer's queue pair holds.
 const SQ_DEPTH: u32 = 256;
 /// Completions the agent's one CQ holds (rxe allows at most 32,767).
@@ -102,6 +105,8 @@ struct Peer {
     rx: MemoryRegion,
     tx: MemoryRegion,
     tx_free: Vec<usize>,
+    /// Messages waiting for a send slot, in order.
+    queued: VecDeque<Vec<u8>>,
     outbox: Outbox,
     /// Slices posted and not yet ended.
     in_flight: u32,
@@ -272,7 +277,15 @@ impl Agent {
         )?;
         st.local.table.insert(seg)?;
         st.local.mrs.insert(name.to_string(), mr);
-        publish(&mut st);
+        let table = Msg::Segments(st.local.published());
+        if table.encode().len() > MSG_MAX {
+            st.local.table.remove(name)?;
+            st.local.mrs.remove(name);
+            return Err(XferError::TooLarge(format!(
+                "the segment table with {name:?} is over {MSG_MAX} bytes"
+            )));
+        }
+        broadcast(&mut st, &table);
         Ok(())
     }
 
@@ -282,10 +295,7 @@ impl Agent {
         let mut st = self.shared.state();
         st.local.table.remove(name)?;
         st.local.mrs.remove(name);
-        let msg = Msg::Revoke(name.to_string());
-        for i in 0..st.peers.len() {
-            let _ = send_msg(&mut st.peers[i], i, &msg);
-        }
+        broadcast(&mut st, &Msg::Revoke(name.to_string()));
         Ok(())
     }
 
@@ -398,13 +408,7 @@ impl Agent {
     /// Each descriptor's state now (the batch stays until [`Self::wait`] sees it end).
     pub fn status(&self, id: BatchId) -> Result<Vec<DescState>> {
         let st = self.shared.state();
-        let e = st
-            .batches
-            .get(&id.0)
-            .ok_or_else(|| XferError::BadMessage(format!("no batch {}", id.0)))?;
-        Ok((0..e.batch.len())
-            .filter_map(|k| e.batch.state(k).cloned())
-            .collect())
+        Ok(batch_of(&st, id)?.batch.states().to_vec())
     }
 
     /// Waits until the batch ends (or `timeout`); returns each descriptor's state, and
@@ -413,15 +417,10 @@ impl Agent {
         let deadline = Instant::now() + timeout;
         let mut st = self.shared.state();
         loop {
-            let e = st
-                .batches
-                .get(&id.0)
-                .ok_or_else(|| XferError::BadMessage(format!("no batch {}", id.0)))?;
+            let e = batch_of(&st, id)?;
             if e.batch.is_finished() && e.notified {
                 let e = st.batches.remove(&id.0).expect("present");
-                return Ok((0..e.batch.len())
-                    .filter_map(|k| e.batch.state(k).cloned())
-                    .collect());
+                return Ok(e.batch.states().to_vec());
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -519,6 +518,7 @@ fn add_peer(s: &Shared, qp: QueuePair) -> Result<usize> {
         rx,
         tx,
         tx_free: (0..TX_SLOTS).collect(),
+        queued: VecDeque::new(),
         outbox: Outbox::default(),
         in_flight: 0,
         published: false,
@@ -532,6 +532,10 @@ fn add_peer(s: &Shared, qp: QueuePair) -> Result<usize> {
     Ok(i)
 }
 
+fn batch_of(st: &State, id: BatchId) -> Result<&BatchEntry> {
+    st.batches.get(&id.0).ok_or(XferError::UnknownBatch(id.0))
+}
+
 fn find_peer(st: &State, name: &str) -> Result<usize> {
     st.peers
         .iter()
@@ -539,7 +543,9 @@ fn find_peer(st: &State, name: &str) -> Result<usize> {
         .ok_or_else(|| XferError::PeerLost(format!("no peer named {name:?}")))
 }
 
-/// Sends `msg` to peer `i` from a free send slot.
+/// Queues `msg` for peer `i` (in order, after what is queued) and sends what the free send
+/// slots allow; the rest goes as slots free up ([`send_queued`]). Nothing goes to a lost
+/// peer.
 fn send_msg(p: &mut Peer, i: usize, msg: &Msg) -> Result<()> {
     if p.lost.is_some() {
         return Ok(());
@@ -551,29 +557,42 @@ fn send_msg(p: &mut Peer, i: usize, msg: &Msg) -> Result<()> {
             bytes.len()
         )));
     }
-    let slot = p
-        .tx_free
-        .pop()
-        .ok_or_else(|| XferError::TooLarge(format!("{TX_SLOTS} messages to one peer in flight")))?;
-    p.tx.write(slot * MSG_MAX, &bytes).map_err(verbs)?;
-    p.qp.post_send(SendWr {
-        wr_id: WR_MSG_TX | (i as u64) << 16 | slot as u64,
-        op: SendOp::Send,
-        sg_list: vec![p.tx.sge(slot * MSG_MAX, bytes.len())],
-        flags: SendFlags {
-            signaled: true,
-            ..SendFlags::default()
-        },
-    })
-    .map_err(verbs)
+    if p.queued.len() >= MAX_QUEUED {
+        return Err(XferError::TooLarge(format!(
+            "{MAX_QUEUED} messages queued for one peer"
+        )));
+    }
+    p.queued.push_back(bytes);
+    send_queued(p, i)
 }
 
-/// Sends this agent's segment table to every peer.
-fn publish(st: &mut State) {
-    let table = Msg::Segments(st.local.published());
-    for i in 0..st.peers.len() {
-        if st.peers[i].name.is_some() {
-            let _ = send_msg(&mut st.peers[i], i, &table);
+/// Sends queued messages to peer `i` while it has free send slots.
+fn send_queued(p: &mut Peer, i: usize) -> Result<()> {
+    while p.lost.is_none() && !p.queued.is_empty() {
+        let Some(slot) = p.tx_free.pop() else {
+            return Ok(());
+        };
+        let bytes = p.queued.pop_front().expect("not empty");
+        p.tx.write(slot * MSG_MAX, &bytes).map_err(verbs)?;
+        p.qp.post_send(SendWr {
+            wr_id: WR_MSG_TX | (i as u64) << 16 | slot as u64,
+            op: SendOp::Send,
+            sg_list: vec![p.tx.sge(slot * MSG_MAX, bytes.len())],
+            flags: SendFlags {
+                signaled: true,
+                ..SendFlags::default()
+            },
+        })
+        .map_err(verbs)?;
+    }
+    Ok(())
+}
+
+/// Sends `msg` to every peer; one that cannot take it (its queue is full) is cut off.
+fn broadcast(st: &mut State, msg: &Msg) {
+    for (i, p) in st.peers.iter_mut().enumerate() {
+        if let Err(e) = send_msg(p, i, msg) {
+            p.lost.get_or_insert(e);
         }
     }
 }
@@ -618,10 +637,18 @@ fn pump(st: &mut State) {
         if !e.notified && e.batch.is_finished() {
             if let Some(n) = e.batch.take_notification() {
                 let seq = p.outbox.next_seq();
-                // A notification that cannot go is the batch's failure to report.
-                let _ = send_msg(p, e.peer, &Msg::Notify { seq, payload: n });
+                if let Err(err) = send_msg(p, e.peer, &Msg::Notify { seq, payload: n }) {
+                    // Its data is in place; the peer is not told: its queue is full, and the
+                    // peer is cut off (it does not take what it is sent).
+                    p.lost.get_or_insert(err);
+                }
             }
             e.notified = true;
+        }
+    }
+    for (i, p) in peers.iter_mut().enumerate() {
+        if let Err(err) = send_queued(p, i) {
+            p.lost.get_or_insert(err);
         }
     }
 }

@@ -316,6 +316,11 @@ impl Batch {
         self.descs.get(i)
     }
 
+    /// Every descriptor's state, in order.
+    pub fn states(&self) -> &[DescState] {
+        &self.descs
+    }
+
     /// The failed descriptors, with why.
     pub fn failures(&self) -> impl Iterator<Item = (usize, &XferError)> {
         self.descs.iter().enumerate().filter_map(|(i, d)| match d {

@@ -272,3 +272,49 @@ fn a_peer_killed_mid_batch_fails_that_batch_alone() {
         Err(XferError::PeerLost(_))
     ));
 }
+
+#[test]
+fn notifications_beyond_the_send_slots_all_arrive_in_order() {
+    let a = agent("a", "127.0.3.12", Some(SECRET));
+    let b = agent("b", "127.0.3.13", Some(SECRET));
+    a.register("dst", 1 << 20).unwrap();
+    b.register("src", 1 << 20).unwrap();
+    b.connect(a.address()).unwrap();
+    // Many small batches at once, each with a notification: more than the 16 messages a
+    // peer has in flight, so most wait in its queue.
+    let ids: Vec<_> = (0..100u64)
+        .map(|k| {
+            let d = desc(Op::Write, "src", k * 4096, "dst", k * 4096, 4096);
+            b.transfer("a", &[d], Some(format!("block {k}").into_bytes()))
+                .unwrap()
+        })
+        .collect();
+    for id in ids {
+        assert_eq!(b.wait(id, T).unwrap(), [DescState::Done]);
+    }
+    let mut got = Vec::new();
+    let t0 = Instant::now();
+    while got.len() < 100 {
+        assert!(
+            t0.elapsed() < T,
+            "{} of 100 notifications arrived",
+            got.len()
+        );
+        got.extend(a.notifications());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(got.len(), 100);
+    for (k, n) in got.iter().enumerate() {
+        assert_eq!(n.seq, k as u64 + 1);
+    }
+    let mut payloads: Vec<String> = got
+        .iter()
+        .map(|n| String::from_utf8(n.payload.clone()).unwrap())
+        .collect();
+    payloads.sort_by_key(|p| p[6..].parse::<u32>().unwrap());
+    assert_eq!(
+        payloads,
+        (0..100).map(|k| format!("block {k}")).collect::<Vec<_>>()
+    );
+    assert!(b.refused().is_empty() && a.refused().is_empty());
+}
