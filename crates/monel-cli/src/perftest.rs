@@ -285,95 +285,130 @@ pub(crate) fn run(r: &Run<'_>) -> anyhow::Result<()> {
     if !r.test.is_bw() {
         return latency(r.test, oob, &k0, &eps[0], &sizes, iters, client, &line);
     }
-    // The keys again, QP by QP, once every QP is connected ("remote" in perftest's words).
-    let remote_keys = |oob: &mut Oob| -> anyhow::Result<()> {
-        for k in &mine {
-            oob.hand_shake(k).map_err(err)?;
-        }
-        Ok(())
+    let bw = Bandwidth {
+        r,
+        mine: &mine,
+        eps: &eps,
+        sizes: &sizes,
+        client,
+        line: &line,
+        opts: o,
     };
     if r.test == Test::SendBw {
-        // send_bw: one handshake, the keys again, then per size: the receives, one more
-        // handshake, the run.
-        oob.hand_shake(&k0).map_err(err)?;
-        remote_keys(&mut oob)?;
-        println!("{line}\n{}", BwReport::HEADER);
-        let each = if duration.is_some() {
+        bw.send(oob)
+    } else {
+        bw.one_sided(oob)
+    }
+}
+
+/// A bandwidth test's run against perftest once every QP is connected: the keys again, QP
+/// by QP ("remote" in perftest's words), then the test's own handshakes around each size.
+struct Bandwidth<'a, O: Fn(usize) -> PerfOptions> {
+    r: &'a Run<'a>,
+    mine: &'a [Keys],
+    eps: &'a [Endpoint<'a>],
+    sizes: &'a [usize],
+    client: bool,
+    line: &'a str,
+    /// The run's options for one message size.
+    opts: O,
+}
+
+impl<O: Fn(usize) -> PerfOptions> Bandwidth<'_, O> {
+    fn remote_keys(&self, oob: &mut Oob) -> anyhow::Result<()> {
+        for k in self.mine {
+            oob.hand_shake(k).map_err(anyhow::Error::msg)?;
+        }
+        Ok(())
+    }
+
+    /// send_bw: one handshake, the keys again, then per size: the receives, one more
+    /// handshake, the run.
+    fn send(&self, mut oob: Oob) -> anyhow::Result<()> {
+        let err = anyhow::Error::msg;
+        let (r, eps, k0) = (self.r, self.eps, &self.mine[0]);
+        oob.hand_shake(k0).map_err(err)?;
+        self.remote_keys(&mut oob)?;
+        println!("{}\n{}", self.line, BwReport::HEADER);
+        let each = if r.duration.is_some() {
             RX_DEPTH
         } else {
-            RX_DEPTH.min(iters)
+            RX_DEPTH.min((self.opts)(0).iters)
         };
-        for &size in &sizes {
+        for &size in self.sizes {
+            let o = (self.opts)(size);
             let rep = if r.duplex {
                 // Both ways: both post receives, then each sends as it receives (the server
                 // from the client's first message on).
-                for e in &eps {
+                for e in eps {
                     post_recvs(e, size, each)?;
                 }
-                oob.hand_shake(&k0).map_err(err)?;
-                let mine = numbers(&both_ways(&eps, &o(size), each, client)?);
-                if duration.is_some() {
+                oob.hand_shake(k0).map_err(err)?;
+                let mine = numbers(&both_ways(eps, &o, each, self.client)?);
+                if r.duration.is_some() {
                     mine
                 } else {
                     sum(&mine, &oob.bw_reports(&mine).map_err(err)?)
                 }
-            } else if client {
-                oob.hand_shake(&k0).map_err(err)?;
-                numbers(&perf::bw_client(&eps, r.test, &o(size))?)
+            } else if self.client {
+                oob.hand_shake(k0).map_err(err)?;
+                numbers(&perf::bw_client(eps, r.test, &o)?)
             } else {
-                for e in &eps {
+                for e in eps {
                     post_recvs(e, size, each)?;
                 }
-                oob.hand_shake(&k0).map_err(err)?;
-                numbers(&recv_run(&eps, &o(size), each)?)
+                oob.hand_shake(k0).map_err(err)?;
+                numbers(&recv_run(eps, &o, each)?)
             };
             println!("{}", row(&rep));
             if r.all {
                 // With -a, a handshake closes each size.
-                oob.hand_shake(&k0).map_err(err)?;
+                oob.hand_shake(k0).map_err(err)?;
             }
         }
-        println!("{line}");
-        oob.close(&k0).map_err(err)?;
-        return Ok(());
+        println!("{}", self.line);
+        oob.close(k0).map_err(err)
     }
-    // write_bw, read_bw, atomic_bw: the keys again and one more handshake. Half duplex: the
-    // server waits for the client's run and prints the client's report. Both ways (-b):
-    // both run, each size between handshakes, and each prints the sum of both reports.
-    remote_keys(&mut oob)?;
-    oob.hand_shake(&k0).map_err(err)?;
-    println!("{line}\n{}", BwReport::HEADER);
-    if !client && !r.duplex {
-        oob.hand_shake(&k0).map_err(err)?;
-        let theirs = oob.bw_reports(&BwNumbers::default()).map_err(err)?;
-        println!("{}", row(&theirs));
-        println!("{line}");
-        oob.close(&k0).map_err(err)?;
-        return Ok(());
-    }
-    let mut last = BwNumbers::default();
-    for &size in &sizes {
-        if r.duplex {
-            oob.hand_shake(&k0).map_err(err)?;
+
+    /// write_bw, read_bw, atomic_bw: the keys again and one more handshake. Half duplex: the
+    /// server waits for the client's run and prints the client's report. Both ways (-b):
+    /// both run, each size between handshakes, and each prints the sum of both reports.
+    fn one_sided(&self, mut oob: Oob) -> anyhow::Result<()> {
+        let err = anyhow::Error::msg;
+        let (r, k0) = (self.r, &self.mine[0]);
+        self.remote_keys(&mut oob)?;
+        oob.hand_shake(k0).map_err(err)?;
+        println!("{}\n{}", self.line, BwReport::HEADER);
+        if !self.client && !r.duplex {
+            oob.hand_shake(k0).map_err(err)?;
+            let theirs = oob.bw_reports(&BwNumbers::default()).map_err(err)?;
+            println!("{}", row(&theirs));
+            println!("{}", self.line);
+            return oob.close(k0).map_err(err);
         }
-        last = numbers(&perf::bw_client(&eps, r.test, &o(size))?);
-        if r.duplex {
-            if r.all {
-                oob.hand_shake(&k0).map_err(err)?;
+        let mut last = BwNumbers::default();
+        for &size in self.sizes {
+            if r.duplex {
+                oob.hand_shake(k0).map_err(err)?;
             }
-            let peer = oob.bw_reports(&last).map_err(err)?;
-            println!("{}", row(&sum(&last, &peer)));
-        } else {
-            println!("{}", row(&last));
+            last = numbers(&perf::bw_client(self.eps, r.test, &(self.opts)(size))?);
+            if r.duplex {
+                if r.all {
+                    oob.hand_shake(k0).map_err(err)?;
+                }
+                let peer = oob.bw_reports(&last).map_err(err)?;
+                println!("{}", row(&sum(&last, &peer)));
+            } else {
+                println!("{}", row(&last));
+            }
         }
+        println!("{}", self.line);
+        if !r.duplex {
+            oob.hand_shake(k0).map_err(err)?;
+            oob.bw_reports(&last).map_err(err)?;
+        }
+        oob.close(k0).map_err(err)
     }
-    println!("{line}");
-    if !r.duplex {
-        oob.hand_shake(&k0).map_err(err)?;
-        oob.bw_reports(&last).map_err(err)?;
-    }
-    oob.close(&k0).map_err(err)?;
-    Ok(())
 }
 
 /// Both sides' reports of a bidirectional run, as perftest adds them: rates summed, size and
