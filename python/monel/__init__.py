@@ -166,12 +166,8 @@ def _u8_view(x: Any, what: str) -> np.ndarray:
                 f"{what}: the array is not C-contiguous (use np.ascontiguousarray)"
             )
         return x.view(np.uint8) if x.ndim else x.reshape(1).view(np.uint8)
-    a = _from_dlpack(x, what)
-    if a is not None:
-        return _u8_view(a, what)
     raise InvalidArgumentError(
-        f"{what}: want a numpy array, a CPU torch tensor or a CPU array that speaks DLPack, "
-        f"got {type(x).__name__}"
+        f"{what}: want a numpy array or a CPU torch tensor, got {type(x).__name__}"
     )
 
 
