@@ -101,11 +101,11 @@ fn initiator(a: &XferBenchArgs, op: Op, agent: Agent) -> anyhow::Result<()> {
         .unwrap_or_default()
         .parse()
         .context("the target: IP:PORT")?;
-    let per_batch = a.block_size * a.batch_size;
     if a.block_size == 0 || a.batch_size == 0 || a.threads == 0 {
         bail!("--block-size, --batch-size and --threads must be positive");
     }
-    if per_batch * a.threads > a.buffer_size {
+    let per_batch = a.block_size.saturating_mul(a.batch_size);
+    if per_batch.saturating_mul(a.threads) > a.buffer_size {
         bail!(
             "{} threads x {} blocks x {} bytes do not fit --buffer-size {}",
             a.threads,
@@ -133,14 +133,12 @@ fn initiator(a: &XferBenchArgs, op: Op, agent: Agent) -> anyhow::Result<()> {
         agent.write_local("buffer", 0, &fill)?;
     }
     let agent = Arc::new(agent);
-    let bytes = Arc::new(AtomicU64::new(0));
     let batches = Arc::new(AtomicU64::new(0));
     let until = Instant::now() + Duration::from_secs(a.duration);
     let start = Instant::now();
     let workers: Vec<_> = (0..a.threads)
         .map(|t| {
-            let (agent, bytes, batches, peer) =
-                (agent.clone(), bytes.clone(), batches.clone(), peer.clone());
+            let (agent, batches, peer) = (agent.clone(), batches.clone(), peer.clone());
             let (bs, n) = (a.block_size, a.batch_size);
             std::thread::spawn(move || -> anyhow::Result<()> {
                 let base = t * bs * n;
@@ -160,7 +158,6 @@ fn initiator(a: &XferBenchArgs, op: Op, agent: Agent) -> anyhow::Result<()> {
                     if let Some(bad) = states.iter().find(|s| **s != DescState::Done) {
                         bail!("a block did not arrive: {bad:?}");
                     }
-                    bytes.fetch_add(bs * n, Ordering::Relaxed);
                     batches.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok(())
@@ -172,7 +169,8 @@ fn initiator(a: &XferBenchArgs, op: Op, agent: Agent) -> anyhow::Result<()> {
             .map_err(|_| anyhow::anyhow!("a worker panicked"))??;
     }
     let secs = start.elapsed().as_secs_f64();
-    let moved = bytes.load(Ordering::Relaxed);
+    let done = batches.load(Ordering::Relaxed);
+    let moved = done * per_batch;
     verify(&agent, &peer, op, a, per_batch)?;
     println!(
         "# xfer-bench {} block {} batch {} threads {}: {} batches, {:.3} GB/s ({:.1} Gb/s), {:.0} batches/s, every block checked",
@@ -180,10 +178,10 @@ fn initiator(a: &XferBenchArgs, op: Op, agent: Agent) -> anyhow::Result<()> {
         a.block_size,
         a.batch_size,
         a.threads,
-        batches.load(Ordering::Relaxed),
+        done,
         moved as f64 / secs / 1e9,
         moved as f64 * 8.0 / secs / 1e9,
-        batches.load(Ordering::Relaxed) as f64 / secs
+        done as f64 / secs
     );
     Ok(())
 }
