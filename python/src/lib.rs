@@ -20,6 +20,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
 mod verbs;
+mod xfer;
 
 create_exception!(
     _monel,
@@ -1097,5 +1098,6 @@ fn _monel(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("AbortedError", py.get_type::<AbortedError>())?;
     m.add("BootstrapError", py.get_type::<BootstrapError>())?;
     verbs::register(m)?;
+    xfer::register(m)?;
     Ok(())
 }

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Monel across an impaired path between network namespaces, through the project's software
 # switch (`monel switch`): the perf tools, a 1 GiB RDMA WRITE verified by CRC-32, DCQCN
-# reacting to real ECN marks, and a blocked RDMA path named within the liveness bound.
+# reacting to real ECN marks, a blocked RDMA path named within the liveness bound, and
+# disaggregated serving (a KV cache moved by the transfer engine) over a clean and an
+# impaired path.
 # Needs root. Usage: tests/netns/impaired.sh [path/to/monel]
-# Environment: SIZE (default 1G) for the big transfer.
+# Environment: SIZE (default 1G) for the big transfer; MONEL_PY, a Python with the monel
+# package and torch (default: scripts/test.sh's virtual environment).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 monel=$(realpath "${1:-$here/../../target/release/monel}")
@@ -128,6 +131,29 @@ took=$((SECONDS - t0))
 echo "blocked RDMA path named by both ranks in $took s:"
 grep -h 'blocked' "$out/blocked0.out" "$out/blocked1.out"
 switch_stop
+
+# 5. Disaggregated serving (examples/kv_disagg.py): prefill in mnl-a WRITEs each request's
+#    KV blocks into decode's cache in mnl-b through the transfer engine, over a clean path
+#    and then across loss and reordering; the tokens must equal single-process generation.
+py=${MONEL_PY:-$here/../../target/py-venv/bin/python}
+"$py" -c "import monel.xfer, torch" || fail "$py has no monel package with torch (run scripts/test.sh first, or set MONEL_PY)"
+example=$here/../../examples/kv_disagg.py
+secret=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+for path in clean impaired; do
+  if [[ $path == clean ]]; then switch_start; else
+    switch_start --loss 0.01 --reorder 0.01 --reorder-us 100 --duplicate 0.005 --delay-us 50 --seed 15
+  fi
+  ip netns exec mnl-b env MONEL_SECRET="$secret" timeout 300 "$py" "$example" --role decode --ip $B \
+    >"$out/kv-$path.srv.out" 2>&1 &
+  dpid=$!
+  ip netns exec mnl-a env MONEL_SECRET="$secret" timeout 300 "$py" "$example" --role prefill --ip $A \
+    --peer $B >"$out/kv-$path.cli.out" 2>&1 || fail "kv_disagg prefill ($path path)"
+  wait $dpid || fail "kv_disagg decode ($path path)"
+  switch_stop >/dev/null
+  grep -q "8/8 requests generated exactly the single-process tokens" "$out/kv-$path.srv.out" ||
+    fail "kv_disagg ($path path): tokens differ"
+  echo "kv_disagg, $path path: $(tail -1 "$out/kv-$path.srv.out")"
+done
 
 echo "impaired-path tests passed in $((SECONDS - start)) s"
 rm -rf "$out"

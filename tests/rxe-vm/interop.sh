@@ -163,6 +163,11 @@ for r in "$@"; do split "$r"
 done
 VM
 } > "$out/perftest.sh"
+# The VM's NIC stalled for good (see below).
+stalled() { grep -q "NETDEV WATCHDOG" "$out/vm-g.log" 2>/dev/null; }
+killtree() { local c; for c in $(pgrep -P "$1"); do killtree "$c"; done; kill "$1" 2>/dev/null || true; }
+step_g() {
+rm -f "$out/vm-g.log"
 # (A script file: the commands are longer than a kernel command line may be.)
 "$here/run.sh" -M 9000 -T 600 -l "$out/vm-g.log" -b "$out/perftest.sh" -c "GITERS=$giters sh /bin/perftest.sh" > "$out/vm-g.txt" 2>&1 &
 vm=$!
@@ -229,11 +234,26 @@ one() { # role test mtu size flags [server]
   done
   echo "FAIL G host-$role $t m=$m s=$s ${f//,/ }: $o"; fail=1
 }
-for r in "${runs[@]}"; do read -r t m s f <<<"$r"; one client "$t" "$m" "$s" "$f" 10.77.0.2; done
-for r in "${runs[@]}"; do read -r t m s f <<<"$r"; one server "$t" "$m" "$s" "$f"; done
+for r in "${runs[@]}"; do stalled && break; read -r t m s f <<<"$r"; one client "$t" "$m" "$s" "$f" 10.77.0.2; done
+for r in "${runs[@]}"; do stalled && break; read -r t m s f <<<"$r"; one server "$t" "$m" "$s" "$f"; done
+stalled && { echo "FAIL G: the VM's NIC stalled (NETDEV WATCHDOG)"; fail=1; killtree $vm; }
 wait $vm || { echo "FAIL G: VM side"; grep -vE "^\[" "$out/vm-g.txt" | tail -20; fail=1; }
 echo "  vm: $(grep -c '^RUN' "$out/vm-g.txt") perftest runs; their rows:"
 grep -A1 "#bytes" "$out/vm-g.txt" | grep -vE "#bytes|^--" | sed 's/^/  vm: /'
+}
+# Under emulation the VM's virtio-net transmit queue has been seen to stall for good
+# ("NETDEV WATCHDOG" in its console): every later run of the step then fails. That is the
+# emulator's, not a finding: the whole step runs once more in a fresh VM, logged.
+for attempt in 1 2; do
+  ( fail=0; step_g; exit $fail ) > "$out/g.txt" 2>&1 && gok=1 || gok=0
+  if [[ $gok == 0 && $attempt == 1 ]] && grep -q "NETDEV WATCHDOG" "$out/vm-g.log"; then
+    echo "RETRY G: the VM's virtio-net transmit queue stalled (NETDEV WATCHDOG); its runs until then:"
+    grep -E "^(PASS|FAIL|RETRY) G" "$out/g.txt" | tail -3 | sed 's/^/  first attempt: /'
+    continue
+  fi
+  cat "$out/g.txt"; [[ $gok == 1 ]] || fail=1
+  break
+done
 
 # Let tcpdump drain, then stop it.
 prev=-1; while [[ $(stat -c %s "$pcap") != "$prev" ]]; do prev=$(stat -c %s "$pcap"); sleep 1; done
@@ -298,7 +318,7 @@ for t in $ftests; do
   done; grep -A1 "#bytes" /tmp/o
 done
 # The transfer engine: rxe0 (rdma-core) as the target, then as the initiator.
-echo "RUN xfer target"; timeout 60 monel xfer-bench -d rxe0 -p 19700 --buffer-size $xbuf --serve 12 || exit 1
+echo "RUN xfer target"; timeout 60 monel xfer-bench -d rxe0 -p 19700 --buffer-size $xbuf --serve 20 || exit 1
 for op in write read; do
   echo "RUN xfer initiator \$op"; n=0
   until timeout 60 monel xfer-bench 10.77.0.1:19701 -d rxe0 --operation \$op $xflags > /tmp/o 2>&1; do

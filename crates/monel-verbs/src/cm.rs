@@ -356,7 +356,9 @@ impl Listener {
     /// thread of its own until it has sent a valid request (within `cfg.timeout`; see
     /// [`crate::greeter`]), so a silent, slow or garbled one holds up nobody; one that
     /// fails is dropped, logged with its reason and counted ([`Self::dropped`]), and the QP
-    /// goes back to RESET if the failure came after it was brought up.
+    /// goes back to RESET if the failure came after it was brought up. Connections still
+    /// being read when `wait` passes are closed: a server that calls again and again keeps
+    /// them with [`Self::server`].
     pub fn serve(
         &self,
         qp: &QueuePair,
@@ -364,20 +366,56 @@ impl Listener {
         cfg: &CmConfig,
         wait: Option<Duration>,
     ) -> Result<Connection> {
-        let deadline = wait.map(|w| Instant::now() + w);
+        self.server(cfg)?.serve(qp, buf, wait)
+    }
+
+    /// A server for `cfg` that keeps connections across its calls: one still being read
+    /// when a call's wait passes is finished by the next call.
+    pub fn server(&self, cfg: &CmConfig) -> Result<Server<'_>> {
         let tcp = self.tcp.try_clone().map_err(io)?;
         let greet_cfg = cfg.clone();
-        let mut greeter =
+        let greeter =
             Greeter::new(tcp, move |s| greet(s, &greet_cfg), cfg.timeout, "cm").map_err(io)?;
-        let out = loop {
+        Ok(Server {
+            listener: self,
+            greeter,
+            cfg: cfg.clone(),
+        })
+    }
+
+    /// Connections [`Self::serve`] dropped so far.
+    pub fn dropped(&self) -> usize {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+/// A listener's server side ([`Listener::server`]): connections being read live across
+/// calls to [`Self::serve`].
+pub struct Server<'a> {
+    listener: &'a Listener,
+    greeter: Greeter<Greeted, VerbsError>,
+    cfg: CmConfig,
+}
+
+impl Server<'_> {
+    /// Serves connections until one completes the handshake for `qp` (in RESET or INIT),
+    /// offering `buf`, or `wait` passes (`None`: no limit); see [`Listener::serve`].
+    pub fn serve(
+        &mut self,
+        qp: &QueuePair,
+        buf: Option<BufferInfo>,
+        wait: Option<Duration>,
+    ) -> Result<Connection> {
+        let deadline = wait.map(|w| Instant::now() + w);
+        loop {
             let left = deadline.map_or(Duration::from_secs(1), |d| {
                 d.saturating_duration_since(Instant::now())
             });
-            match greeter.next(left).map_err(io)? {
-                Some((s, from, g)) => match finish(s, g, qp, buf, cfg) {
-                    Ok(c) => break Ok(c),
+            match self.greeter.next(left).map_err(io)? {
+                Some((s, from, g)) => match finish(s, g, qp, buf, &self.cfg) {
+                    Ok(c) => return Ok(c),
                     Err(e) => {
-                        greeter.drop_one(from, &e);
+                        self.greeter.drop_one(from, &e);
                         qp.modify(
                             &crate::QpAttr {
                                 qp_state: crate::QpState::Reset,
@@ -388,22 +426,23 @@ impl Listener {
                     }
                 },
                 None if deadline.is_some_and(|d| Instant::now() >= d) => {
-                    break Err(VerbsError::new(
+                    return Err(VerbsError::new(
                         V,
                         ErrorKind::Timeout("no client completed the handshake".into()),
                     ));
                 }
                 None => {}
             }
-        };
-        self.dropped.fetch_add(greeter.dropped(), Ordering::Relaxed);
-        let _ = self.tcp.set_nonblocking(false);
-        out
+        }
     }
+}
 
-    /// Connections [`Self::serve`] dropped so far.
-    pub fn dropped(&self) -> usize {
-        self.dropped.load(Ordering::Relaxed)
+impl Drop for Server<'_> {
+    fn drop(&mut self) {
+        self.listener
+            .dropped
+            .fetch_add(self.greeter.dropped(), Ordering::Relaxed);
+        let _ = self.listener.tcp.set_nonblocking(false);
     }
 }
 

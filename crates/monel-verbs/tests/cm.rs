@@ -288,3 +288,66 @@ fn a_serving_listener_survives_hostile_connections_and_serves_the_real_client() 
     assert!(dropped >= 3, "{dropped} dropped");
     drop(silent);
 }
+
+/// A server called again and again with a short wait (as a long-lived agent polls its
+/// listener) keeps a connection whose handshake spans the end of one wait: a client whose
+/// request crawls through a proxy for 600 ms still connects, though every wait is 50 ms.
+#[test]
+fn a_kept_server_finishes_a_handshake_that_spans_its_waits() {
+    use std::io::Read;
+    use std::net::TcpListener;
+    let (x, port) = (82u8, 24808);
+    let l = Listener::bind(format!("127.0.0.{x}:0").parse().unwrap()).unwrap();
+    let addr: SocketAddr = l.local_addr().unwrap();
+    // The proxy: the server's bytes pass at once, the client's after a pause.
+    let front = TcpListener::bind(format!("127.0.0.{}:0", x + 1)).unwrap();
+    let front_addr = front.local_addr().unwrap();
+    let proxy = thread::spawn(move || {
+        let (mut client, _) = front.accept().unwrap();
+        let mut server = TcpStream::connect(addr).unwrap();
+        let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+        let down = thread::spawn(move || std::io::copy(&mut s2, &mut c2));
+        let mut buf = [0u8; 4096];
+        let mut first = true;
+        loop {
+            let n = client.read(&mut buf).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            if first {
+                thread::sleep(Duration::from_millis(600));
+                first = false;
+            }
+            if server.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = server.shutdown(std::net::Shutdown::Both);
+        let _ = down.join();
+    });
+    let srv = thread::spawn(move || {
+        let s = side(&format!("127.0.0.{x}"), port);
+        let mut server = l.server(&cfg(Some("k3y"))).unwrap();
+        let mut waits = 0;
+        let conn = loop {
+            match server.serve(&s.qp, None, Some(Duration::from_millis(50))) {
+                Ok(c) => break c,
+                Err(e) if matches!(e.kind, ErrorKind::Timeout(_)) && waits < 200 => waits += 1,
+                Err(e) => panic!("after {waits} waits: {e}"),
+            }
+        };
+        (conn, s, waits)
+    });
+    let c = side(&format!("127.0.0.{}", x + 2), port);
+    let cc = cm::connect(front_addr, &c.qp, None, &cfg(Some("k3y")));
+    let (_sc, s, waits) = srv.join().unwrap();
+    cc.expect("the slow client connects");
+    assert!(
+        waits >= 5,
+        "the handshake spanned {waits} waits, expected several"
+    );
+    assert_eq!(s.qp.query().unwrap().0, QpState::Rts);
+    assert_eq!(c.qp.query().unwrap().0, QpState::Rts);
+    drop(c);
+    proxy.join().unwrap();
+}

@@ -45,6 +45,10 @@ const SQ_DEPTH: u32 = 256;
 const CQ_DEPTH: usize = 16 << 10;
 /// Most live peers: each can have its queue pair's every work request complete at once.
 pub const MAX_PEERS: usize = CQ_DEPTH / (SQ_DEPTH as usize + TX_SLOTS + RX_SLOTS);
+/// What peers may do to a segment.
+const SEGMENT_ACCESS: AccessFlags = AccessFlags(
+    AccessFlags::LOCAL_WRITE.0 | AccessFlags::REMOTE_WRITE.0 | AccessFlags::REMOTE_READ.0,
+);
 /// `wr_id` kinds.
 const WR_SLICE: u64 = 1 << 56;
 const WR_MSG_TX: u64 = 2 << 56;
@@ -97,6 +101,17 @@ impl AgentConfig {
 /// A batch's number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BatchId(u32);
+
+impl BatchId {
+    /// The batch numbered `n` (as [`Self::get`] gave it).
+    pub fn new(n: u32) -> Self {
+        Self(n)
+    }
+    /// Its number.
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
 
 struct Peer {
     name: Option<String>,
@@ -262,31 +277,30 @@ impl Agent {
         let mr = self
             .shared
             .pd
-            .reg_mr(
-                vec![0u8; len],
-                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
-            )
+            .reg_mr(vec![0u8; len], SEGMENT_ACCESS)
             .map_err(verbs)?;
-        let seg = Segment::new(
-            name,
-            vec![Buffer {
-                addr: mr.addr(),
-                len: len as u64,
-                key: mr.lkey().0,
-            }],
-        )?;
-        st.local.table.insert(seg)?;
-        st.local.mrs.insert(name.to_string(), mr);
-        let table = Msg::Segments(st.local.published());
-        if table.encode().len() > MSG_MAX {
-            st.local.table.remove(name)?;
-            st.local.mrs.remove(name);
-            return Err(XferError::TooLarge(format!(
-                "the segment table with {name:?} is over {MSG_MAX} bytes"
-            )));
+        publish(&mut st, name, mr)
+    }
+
+    /// Registers the caller's memory `[ptr, ptr + len)` in place as segment `name` (one
+    /// buffer) and publishes it to every peer: peers READ it and WRITE into it directly.
+    ///
+    /// # Safety
+    /// The memory must stay valid for reads and writes until the segment is deregistered or
+    /// the agent dropped, and must not be touched while a transfer on it may be in progress
+    /// (peers and the RNIC access it as a NIC DMAs), as
+    /// [`monel_verbs::ProtectionDomain::reg_mr_raw`] asks.
+    #[allow(unsafe_code)]
+    pub unsafe fn register_in_place(&self, name: &str, ptr: *mut u8, len: usize) -> Result<()> {
+        let mut st = self.shared.state();
+        if st.local.table.get(name).is_ok() {
+            return Err(XferError::Duplicate(name.to_string()));
         }
-        broadcast(&mut st, &table);
-        Ok(())
+        // SAFETY: this function's contract is `reg_mr_raw`'s; the region lives in the
+        // agent's table until `deregister` or the agent's drop, which is as long as the
+        // caller keeps the memory.
+        let mr = unsafe { self.shared.pd.reg_mr_raw(ptr, len, SEGMENT_ACCESS) }.map_err(verbs)?;
+        publish(&mut st, name, mr)
     }
 
     /// Withdraws a segment: peers are told, and its memory is deregistered at once
@@ -438,6 +452,20 @@ impl Agent {
         self.shared.state().inbox.take_all()
     }
 
+    /// Waits until a notification is unread (or `timeout`); returns the unread ones,
+    /// oldest first (none on a timeout).
+    pub fn wait_notifications(&self, timeout: Duration) -> Vec<Notification> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.shared.state();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if st.inbox.unread() > 0 || left.is_zero() {
+                return st.inbox.take_all();
+            }
+            st = wait(&self.shared, st, left);
+        }
+    }
+
     /// What peers sent that was refused without cutting them off (a repeated notification,
     /// a full inbox), oldest first.
     pub fn refused(&self) -> Vec<XferError> {
@@ -486,6 +514,30 @@ fn new_qp(s: &Shared) -> Result<QueuePair> {
         srq: None,
     })
     .map_err(verbs)
+}
+
+/// Adds `mr` to the table as segment `name` and sends every peer the new table.
+fn publish(st: &mut State, name: &str, mr: MemoryRegion) -> Result<()> {
+    let seg = Segment::new(
+        name,
+        vec![Buffer {
+            addr: mr.addr(),
+            len: mr.len() as u64,
+            key: mr.lkey().0,
+        }],
+    )?;
+    st.local.table.insert(seg)?;
+    st.local.mrs.insert(name.to_string(), mr);
+    let table = Msg::Segments(st.local.published());
+    if table.encode().len() > MSG_MAX {
+        st.local.table.remove(name)?;
+        st.local.mrs.remove(name);
+        return Err(XferError::TooLarge(format!(
+            "the segment table with {name:?} is over {MSG_MAX} bytes"
+        )));
+    }
+    broadcast(st, &table);
+    Ok(())
 }
 
 /// Takes a connected queue pair in as a peer: posts its receives, introduces this agent and
@@ -661,6 +713,17 @@ fn wait<'a>(s: &'a Shared, st: MutexGuard<'a, State>, left: Duration) -> MutexGu
 }
 
 fn accept_loop(s: &Arc<Shared>, listener: &Listener) {
+    // One server for the agent's life: a client still in its handshake when a wait ends
+    // is finished by the next, not closed.
+    let mut server = loop {
+        match listener.server(&cm_config(&s.cfg)) {
+            Ok(server) => break server,
+            Err(_) if !s.stop.load(Ordering::Acquire) => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(_) => return,
+        }
+    };
     // The queue pair the next client gets (kept while none comes).
     let mut spare = None;
     while !s.stop.load(Ordering::Acquire) {
@@ -675,12 +738,7 @@ fn accept_loop(s: &Arc<Shared>, listener: &Listener) {
             },
         };
         // A bad or silent client costs this one attempt; the listener goes on.
-        let served = listener.serve(
-            &qp,
-            None,
-            &cm_config(&s.cfg),
-            Some(Duration::from_millis(200)),
-        );
+        let served = server.serve(&qp, None, Some(Duration::from_millis(200)));
         match served {
             Ok(_) => {
                 let _ = add_peer(s, qp);

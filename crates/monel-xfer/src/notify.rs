@@ -88,6 +88,11 @@ impl Inbox {
         self.last.remove(from);
     }
 
+    /// Unread notifications.
+    pub fn unread(&self) -> usize {
+        self.unread.len()
+    }
+
     /// The unread notifications, oldest first.
     pub fn take_all(&mut self) -> Vec<Notification> {
         self.unread.drain(..).collect()

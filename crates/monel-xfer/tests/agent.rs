@@ -318,3 +318,57 @@ fn notifications_beyond_the_send_slots_all_arrive_in_order() {
     );
     assert!(b.refused().is_empty() && a.refused().is_empty());
 }
+
+/// A segment registered in place is the caller's own memory: a peer's WRITE lands in it
+/// and a peer's READ sees what the caller put there, with no copy in between; after
+/// `deregister` the peer's transfers to it fail and the memory is the caller's again.
+#[test]
+#[allow(unsafe_code)]
+fn a_segment_registered_in_place_is_the_callers_memory() {
+    let decode = agent("decode-2", "127.0.3.20", Some(SECRET));
+    let prefill = agent("prefill-2", "127.0.3.21", Some(SECRET));
+    let mut cache = vec![0u8; 1 << 20];
+    cache[512 << 10..].copy_from_slice(&pattern(512 << 10, 0x33));
+    // SAFETY: `cache` outlives the registration (deregistered below, before it is read or
+    // dropped), and is not touched while transfers run.
+    unsafe { decode.register_in_place("cache", cache.as_mut_ptr(), cache.len()) }.unwrap();
+    prefill.register("blocks", 1 << 20).unwrap();
+    let src = pattern(256 << 10, 0x44);
+    prefill.write_local("blocks", 0, &src).unwrap();
+    prefill.connect(decode.address()).unwrap();
+    let descs = [
+        desc(Op::Write, "blocks", 0, "cache", 4096, 256 << 10),
+        desc(Op::Read, "blocks", 512 << 10, "cache", 512 << 10, 512 << 10),
+    ];
+    let id = prefill.transfer("decode-2", &descs, None).unwrap();
+    let states = prefill.wait(id, T).unwrap();
+    assert!(states.iter().all(|s| *s == DescState::Done), "{states:?}");
+    let mut back = vec![0u8; 512 << 10];
+    prefill.read_local("blocks", 512 << 10, &mut back).unwrap();
+    assert!(
+        back == pattern(512 << 10, 0x33),
+        "the READ saw the caller's bytes"
+    );
+    decode.deregister("cache").unwrap();
+    // The peer hears of the withdrawal; a transfer to it then fails as an unknown segment.
+    let t0 = Instant::now();
+    while !prefill.remote_segments("decode-2").unwrap().is_empty() {
+        assert!(t0.elapsed() < T, "the withdrawal never reached the peer");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let probe = [desc(Op::Read, "blocks", 0, "cache", 0, 4096)];
+    let id = prefill.transfer("decode-2", &probe, None).unwrap();
+    match &prefill.wait(id, T).unwrap()[0] {
+        DescState::Failed(XferError::UnknownSegment(s)) => assert_eq!(s, "cache"),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        cache[..4096].iter().all(|&b| b == 0),
+        "nothing before the range"
+    );
+    assert!(
+        cache[4096..(256 << 10) + 4096] == src[..],
+        "the WRITE landed in place"
+    );
+    assert!(cache[(256 << 10) + 4096..512 << 10].iter().all(|&b| b == 0));
+}
