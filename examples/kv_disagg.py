@@ -150,7 +150,7 @@ def run_decode(args, secret: str) -> int:
     cache = torch.zeros(cache_shape(args, per_req * args.requests))
     block_bytes = cache[0].numel() * cache.element_size()
     agent = xfer.Agent("decode", args.ip, listen=f"{args.ip}:{args.port}", secret=secret,
-                       udp_port=args.udp_port)
+                       udp_port=args.udp_port, transport=args.transport)
     agent.register("kv", cache)
     print(f"# decode: KV cache of {cache.shape[0]} blocks x {block_bytes >> 10} KiB "
           f"registered at {agent.address}", flush=True)
@@ -205,7 +205,8 @@ def run_decode(args, secret: str) -> int:
     print(f"# {ok}/{len(reqs)} requests generated exactly the single-process tokens; "
           f"median TTFT {sorted(ttfts)[len(ttfts) // 2]:.2f} ms "
           f"(prefill compute {sorted(computes)[len(computes) // 2]:.2f} ms); "
-          f"KV transfer {summary['bytes'] / 1e6:.1f} MB at {gbs:.2f} GB/s", flush=True)
+          f"KV transfer {summary['bytes'] / 1e6:.1f} MB at {gbs:.2f} GB/s over "
+          f"{agent.transport('prefill')}", flush=True)
     return 0 if ok == len(reqs) else 1
 
 
@@ -216,9 +217,11 @@ def run_prefill(args, secret: str) -> int:
     # Staging for every request in flight: request r's blocks go from r * per_req.
     staging = torch.zeros(cache_shape(args, per_req * args.requests))
     block_bytes = staging[0].numel() * staging.element_size()
-    agent = xfer.Agent("prefill", args.ip, secret=secret, udp_port=args.udp_port)
+    agent = xfer.Agent("prefill", args.ip, secret=secret, udp_port=args.udp_port,
+                       transport=args.transport)
     agent.register("staging", staging)
     peer = agent.connect(f"{args.peer}:{args.port}", retry_for=30)
+    print(f"# prefill: connected to {peer} over {agent.transport(peer)}", flush=True)
     agent.wait_for_segment(peer, "kv")
     moved, busy, served = 0, 0.0, 0
     while served < args.requests:
@@ -245,7 +248,8 @@ def run_prefill(args, secret: str) -> int:
             served += 1
     summary = {"summary": {"bytes": moved, "seconds": busy}}
     agent.transfer(peer, [], notify=json.dumps(summary).encode()).wait()
-    # The summary's batch ended: the decode side has it, and this side may leave.
+    # The summary reaches the decode side before this one leaves.
+    agent.flush()
     print(f"# prefill: {served} requests, {moved / 1e6:.1f} MB of KV blocks written", flush=True)
     return 0
 
@@ -258,6 +262,8 @@ def main() -> int:
     p.add_argument("--port", type=int, default=PORT, help="the decode agent's TCP port")
     p.add_argument("--udp-port", type=int, default=4791,
                    help="the soft RNIC's UDP port (0: any, to share one address)")
+    p.add_argument("--transport", choices=["auto", "rdma", "tcp"], default="auto",
+                   help="the link between the two agents")
     p.add_argument("--requests", type=int, default=8)
     p.add_argument("--min-prompt", type=int, default=48)
     p.add_argument("--max-prompt", type=int, default=320)
@@ -276,7 +282,8 @@ def main() -> int:
                 "--min-prompt", str(args.min_prompt), "--max-prompt", str(args.max_prompt),
                 "--new-tokens", str(args.new_tokens), "--vocab", str(args.vocab),
                 "--dim", str(args.dim), "--layers", str(args.layers), "--heads",
-                str(args.heads), "--seed", str(args.seed), "--port", str(args.port)]
+                str(args.heads), "--seed", str(args.seed), "--port", str(args.port),
+                "--transport", args.transport]
         dec = subprocess.Popen(base + ["--role", "decode", "--ip", "127.0.0.1"], env=env)
         pre = subprocess.Popen(base + ["--role", "prefill", "--ip", "127.0.0.2",
                                        "--peer", "127.0.0.1"], env=env)

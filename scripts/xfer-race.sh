@@ -1,16 +1,18 @@
 #!/bin/bash
-# The transfer engine against Mooncake's on loopback, same run: the soft RNIC's raw WRITE
-# bandwidth (`monel perf write-bw`, one QP), `monel xfer-bench` and Mooncake's TCP transport
-# (bench/race/mooncake_xfer.py), WRITE, batches of 8 blocks, 2 threads, 3 s each, per block
-# size, for ROUNDS rounds. MOONCAKE_PY: a python with mooncake-transfer-engine-non-cuda and
-# numpy installed.
-#   scripts/xfer-race.sh [ROUNDS] [BLOCK ...]       (default: 3 rounds; 65536 1048576)
+# The transfer engine against Mooncake's on loopback, same run, per path: the soft RNIC (its
+# raw WRITE bandwidth on one QP, `monel perf write-bw`, then `monel xfer-bench` over RDMA)
+# and TCP (raw TCP on 2 streams, bench/race/tcp_raw.py, then `monel xfer-bench --transport
+# tcp`), and Mooncake's TCP transport (bench/race/mooncake_xfer.py); WRITE, batches of BATCH
+# blocks (default 8), 2 threads, 3 s each, per block size, for ROUNDS rounds. MOONCAKE_PY: a
+# python with mooncake-transfer-engine-non-cuda and numpy installed.
+#   scripts/xfer-race.sh [ROUNDS] [BLOCK ...]       (default: 3 rounds; 65536 1048576 4194304)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
 shift || true
 blocks=("$@")
-((${#blocks[@]})) || blocks=(65536 1048576)
+((${#blocks[@]})) || blocks=(65536 1048576 4194304)
+batch=${BATCH:-8}
 m=target/release/monel
 py=${MOONCAKE_PY:-python3}
 out=$(mktemp -d)
@@ -29,9 +31,12 @@ for r in $(seq "$rounds"); do
     sleep 0.3
     raw=$($m perf write-bw -d 127.0.6.6 -p $p --udp-port $((p + 1)) -s "$bs" -D 3 127.0.6.5 | tail -1 | awk '{printf "%.3f", $4 * 1048576 / 1e9}')
     wait $srv
-    x=$($m xfer-bench 127.0.6.1:19800 -d 127.0.6.2 --operation write --block-size "$bs" --batch-size 8 \
+    x=$($m xfer-bench 127.0.6.1:19800 -d 127.0.6.2 --operation write --block-size "$bs" --batch-size "$batch" \
       --threads 2 --duration 3 --buffer-size $((64 << 20)) | grep -o '[0-9.]* GB/s' | head -1)
-    mc=$("$py" bench/race/mooncake_xfer.py init 127.0.6.4 "$name" "$addr" "$bs" 8 2 3 2> /dev/null | grep -o '[0-9.]* GB/s')
-    echo "round $r block $bs: raw write-bw $raw GB/s; monel xfer-bench $x; mooncake tcp $mc"
+    tcp=$(python3 bench/race/tcp_raw.py 127.0.6.7 127.0.6.8 "$bs" 2 3 | grep -o '[0-9.]* GB/s')
+    xtcp=$($m xfer-bench 127.0.6.1:19800 -d 127.0.6.2 --transport tcp --operation write --block-size "$bs" \
+      --batch-size "$batch" --threads 2 --duration 3 --buffer-size $((64 << 20)) | grep -o '[0-9.]* GB/s' | head -1)
+    mc=$("$py" bench/race/mooncake_xfer.py init 127.0.6.4 "$name" "$addr" "$bs" "$batch" 2 3 2> /dev/null | grep -o '[0-9.]* GB/s')
+    echo "round $r block $bs batch $batch: raw write-bw $raw GB/s; monel xfer rdma $x; raw tcp $tcp; monel xfer tcp $xtcp; mooncake tcp $mc"
   done
 done

@@ -96,7 +96,9 @@ class Agent:
     RDMA device's name; peers connect to `listen` (its IP and port 0 by default: the
     device's address, any port). `secret` (bytes or str) is the job's: a peer without it is
     refused, and packets carry tags keyed from it. `udp_port` is the soft RNIC's (RoCE's 4791
-    to meet hardware and rxe; 0 lets several agents share one address).
+    to meet hardware and rxe; 0 lets several agents share one address). `transport`: the
+    links this agent opens and accepts: "auto" (RDMA where it works with a peer, else TCP,
+    logged), "rdma" or "tcp".
     """
 
     def __init__(
@@ -107,12 +109,14 @@ class Agent:
         secret: Union[bytes, str, None] = None,
         udp_port: int = 4791,
         timeout: float = 10.0,
+        transport: str = "auto",
     ):
         if isinstance(secret, str):
             secret = secret.encode()
         if listen is None:
             listen = f"{device}:0"
-        self._native = _monel.XferAgent(name, device, listen, secret, udp_port, timeout)
+        self._native = _monel.XferAgent(name, device, listen, secret, udp_port, timeout,
+                                        transport)
         self._keep: dict = {}
 
     @property
@@ -155,6 +159,10 @@ class Agent:
                 if time.monotonic() >= end:
                     raise
                 time.sleep(0.05)
+
+    def transport(self, peer: str) -> str:
+        """The link `peer` is reached over: "rdma" or "tcp"."""
+        return self._native.transport(peer)
 
     def peers(self) -> List[str]:
         """The peers that introduced themselves and are not lost."""
@@ -200,6 +208,11 @@ class Agent:
                 raise XferTimeoutError(f"{len(got)} of {n} notifications within {timeout} s")
             got.extend(self._native.wait_notifications(left))
         return got
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Waits until every message sent to a live peer (notifications above all) was
+        delivered; an agent that goes does this first."""
+        self._native.flush(timeout)
 
     def refused(self) -> List[BaseException]:
         """What peers sent that was refused without cutting them off, as exceptions."""

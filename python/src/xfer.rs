@@ -9,7 +9,9 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use monel_verbs::Device;
-use monel_xfer::{Agent, AgentConfig, BatchId, Desc, DescState, Op, XferError as RsXferError};
+use monel_xfer::{
+    Agent, AgentConfig, BatchId, Desc, DescState, Op, Transport, XferError as RsXferError,
+};
 use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
 use pyo3::prelude::*;
@@ -88,8 +90,10 @@ impl PyAgent {
     /// An agent named `name` on `device` (an IP address, an interface or an RDMA device
     /// name), listening for peers on `listen` ("ip:port"; port 0 picks one). `secret` is
     /// the job's: every peer must prove it, and packets are tagged with keys from it.
+    /// `transport`: "auto" (RDMA where it works, else TCP), "rdma" or "tcp".
     #[new]
-    #[pyo3(signature = (name, device, listen, secret=None, udp_port=4791, timeout=10.0))]
+    #[pyo3(signature = (name, device, listen, secret=None, udp_port=4791, timeout=10.0, transport="auto"))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         name: &str,
@@ -98,6 +102,7 @@ impl PyAgent {
         secret: Option<Vec<u8>>,
         udp_port: u16,
         timeout: f64,
+        transport: &str,
     ) -> PyResult<Self> {
         let dev = Device::from_arg(device).map_err(|e| invalid(e.to_string()))?;
         let listen: SocketAddr = listen
@@ -106,6 +111,12 @@ impl PyAgent {
         let mut cfg = AgentConfig::new(name, dev, listen, secret);
         cfg.udp_port = udp_port;
         cfg.timeout = seconds(timeout)?;
+        cfg.transport = match transport {
+            "auto" => Transport::Auto,
+            "rdma" => Transport::Rdma,
+            "tcp" => Transport::Tcp,
+            t => return Err(invalid(format!("transport {t:?}: auto, rdma or tcp"))),
+        };
         let agent = py.detach(|| Agent::new(cfg)).map_err(|e| xerr(&e))?;
         Ok(Self {
             agent,
@@ -195,6 +206,11 @@ impl PyAgent {
             .parse()
             .map_err(|_| invalid(format!("address {address:?}: want ip:port")))?;
         py.detach(|| self.agent.connect(addr)).map_err(|e| xerr(&e))
+    }
+
+    /// The link peer `peer` is reached over: "rdma" or "tcp".
+    fn transport(&self, peer: &str) -> PyResult<&'static str> {
+        self.agent.transport(peer).map_err(|e| xerr(&e))
     }
 
     /// The peers that introduced themselves and are not lost.
@@ -295,6 +311,14 @@ impl PyAgent {
             .into_iter()
             .map(|n| (n.from, n.seq, PyBytes::new(py, &n.payload)))
             .collect())
+    }
+
+    /// Waits (without the GIL) until every message sent to a live peer was delivered (the
+    /// agent does this when it goes, too).
+    #[pyo3(signature = (timeout=10.0))]
+    fn flush(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
+        let t = seconds(timeout)?;
+        py.detach(|| self.agent.flush(t)).map_err(|e| xerr(&e))
     }
 
     /// What peers sent that was refused without cutting them off, as exceptions.

@@ -17,29 +17,34 @@ from monel import InvalidArgumentError, PeerLostError, xfer
 SECRET = "secret of the xfer tests"
 
 
-def pair(n: int, secret_b: str = SECRET):
+def pair(n: int, secret_b: str = SECRET, transport: str = "auto"):
     """A decode-like and a prefill-like agent on their own loopback addresses."""
-    a = xfer.Agent(f"decode-{n}", f"127.0.7.{2 * n + 1}", secret=SECRET, udp_port=0)
-    b = xfer.Agent(f"prefill-{n}", f"127.0.7.{2 * n + 2}", secret=secret_b, udp_port=0)
+    a = xfer.Agent(f"decode-{n}", f"127.0.7.{2 * n + 1}", secret=SECRET, udp_port=0,
+                   transport=transport)
+    b = xfer.Agent(f"prefill-{n}", f"127.0.7.{2 * n + 2}", secret=secret_b, udp_port=0,
+                   transport=transport)
     return a, b
 
 
-def test_in_place_segments_move_exact_bytes_and_notify_after_the_data():
-    decode, prefill = pair(0)
+@pytest.mark.parametrize("transport", ["rdma", "tcp"])
+def test_in_place_segments_move_exact_bytes_and_notify_after_the_data(transport):
+    n = {"rdma": 0, "tcp": 4}[transport]
+    decode, prefill = pair(n, transport=transport)
     cache = torch.zeros(8, 4096, dtype=torch.float32)  # 128 KiB, registered where it lies
     decode.register("kv", cache)
     src = np.arange(16384, dtype=np.float32).reshape(4, 4096)
     prefill.register("blocks", src)
     prefill.register("scratch", 1 << 16)
     peer = prefill.connect(decode.address)
-    assert peer == "decode-0"
+    assert peer == f"decode-{n}"
+    assert prefill.transport(peer) == transport
     assert prefill.remote_segments(peer) == {"kv": cache.numel() * 4}
     # Rows 0..3 of src into rows 2..5 of the cache, 64 descriptors of 1 KiB (coalesced).
     descs = [("write", "blocks", k * 1024, "kv", 2 * 16384 + k * 1024, 1024) for k in range(64)]
     b = prefill.transfer(peer, descs, notify=b"request 7")
     assert b.wait() == ["done"] * 64
     (sender, seq, msg), = decode.wait_notifications(1, timeout=10)
-    assert (sender, seq, msg) == ("prefill-0", 1, b"request 7")
+    assert (sender, seq, msg) == (f"prefill-{n}", 1, b"request 7")
     assert torch.equal(cache[2:6], torch.from_numpy(src))
     assert not cache[:2].any() and not cache[6:].any()
     # READ back from the cache into the agent's own segment.
@@ -102,12 +107,15 @@ def test_a_peer_without_the_secret_is_refused_and_the_agent_goes_on():
         friend.transfer("someone-else", [])
 
 
-def test_the_disaggregated_example_generates_exactly_the_single_process_tokens():
+@pytest.mark.parametrize("transport", ["rdma", "tcp"])
+def test_the_disaggregated_example_generates_exactly_the_single_process_tokens(transport):
     r = subprocess.run(
         [sys.executable, str(EXAMPLES / "kv_disagg.py"), "--port", str(free_port()),
+         "--transport", transport,
          "--requests", "4", "--dim", "128", "--layers", "2", "--heads", "4",
          "--min-prompt", "20", "--max-prompt", "90", "--new-tokens", "8"],
         capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "4/4 requests generated exactly the single-process tokens" in r.stdout, r.stdout
     assert r.stdout.count("tokens equal") == 4, r.stdout
+    assert f"over {transport}" in r.stdout, r.stdout

@@ -400,7 +400,7 @@ if wait $vm && grep -q "HW DONE" "$out/vm-f.txt"; then
 else
   echo "FAIL F: VM side"; grep -vE "^\[" "$out/vm-f.txt" | tail -30; fail=1
 fi
-[[ -z ${xt:-} ]] || { kill $xt 2>/dev/null; wait $xt 2>/dev/null || true; }
+[[ -z ${xt:-} ]] || { kill $xt 2>/dev/null || true; wait $xt 2>/dev/null || true; }
 
 echo "== interop.sh took $(( $(date +%s) - start )) s; result: $([[ $fail == 0 ]] && echo PASS || echo FAIL)"
 exit $fail

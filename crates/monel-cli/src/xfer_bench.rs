@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use clap::Args;
 use monel_verbs::Device;
-use monel_xfer::{Agent, AgentConfig, Desc, DescState, Op};
+use monel_xfer::{Agent, AgentConfig, Desc, DescState, Op, Transport};
 
 use crate::connect::{self, ConnArgs};
 
@@ -47,6 +47,10 @@ pub(crate) struct XferBenchArgs {
     /// The target serves this many seconds (0: until killed).
     #[arg(long, default_value_t = 0)]
     serve: u64,
+    /// The link to the peer: auto (RDMA where it works, else TCP), rdma or tcp. A target
+    /// given one accepts only that.
+    #[arg(long, default_value = "auto")]
+    transport: String,
 }
 
 /// The byte at `offset` of the target's buffer.
@@ -76,6 +80,12 @@ pub(crate) fn run(a: &XferBenchArgs) -> anyhow::Result<()> {
     };
     let mut cfg = AgentConfig::new(role, dev, listen, secret);
     cfg.udp_port = a.conn.udp_port;
+    cfg.transport = match a.transport.as_str() {
+        "auto" => Transport::Auto,
+        "rdma" => Transport::Rdma,
+        "tcp" => Transport::Tcp,
+        t => bail!("--transport {t}: auto, rdma or tcp"),
+    };
     let agent = Agent::new(cfg)?;
     if a.target.is_none() {
         let len = usize::try_from(a.buffer_size)?;
@@ -116,6 +126,7 @@ fn initiator(a: &XferBenchArgs, op: Op, agent: Agent) -> anyhow::Result<()> {
     }
     agent.register("buffer", usize::try_from(per_batch * a.threads)?)?;
     let peer = agent.connect(target)?;
+    let link = agent.transport(&peer)?;
     let remote = agent.remote_segments(&peer)?;
     let size = remote
         .iter()
@@ -173,7 +184,7 @@ fn initiator(a: &XferBenchArgs, op: Op, agent: Agent) -> anyhow::Result<()> {
     let moved = done * per_batch;
     verify(&agent, &peer, op, a, per_batch)?;
     println!(
-        "# xfer-bench {} block {} batch {} threads {}: {} batches, {:.3} GB/s ({:.1} Gb/s), {:.0} batches/s, every block checked",
+        "# xfer-bench {} over {link} block {} batch {} threads {}: {} batches, {:.3} GB/s ({:.1} Gb/s), {:.0} batches/s, every block checked",
         a.operation,
         a.block_size,
         a.batch_size,

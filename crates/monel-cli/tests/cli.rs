@@ -325,7 +325,12 @@ fn xfer_bench_moves_and_checks_blocks_both_ways() {
         "--serve",
         "20",
     ]);
-    for op in ["write", "read"] {
+    for (op, link) in [
+        ("write", "rdma"),
+        ("read", "rdma"),
+        ("write", "tcp"),
+        ("read", "tcp"),
+    ] {
         let (code, out) = monel(&[
             "xfer-bench",
             "127.0.4.11:19711",
@@ -333,6 +338,8 @@ fn xfer_bench_moves_and_checks_blocks_both_ways() {
             "127.0.4.12",
             "--operation",
             op,
+            "--transport",
+            link,
             "--block-size",
             "65536",
             "--batch-size",
@@ -344,10 +351,12 @@ fn xfer_bench_moves_and_checks_blocks_both_ways() {
             "--buffer-size",
             "4194304",
         ]);
-        assert_eq!(code, 0, "{op}: {out}");
+        assert_eq!(code, 0, "{op} over {link}: {out}");
         assert!(out.contains("every block checked"), "{op}: {out}");
         assert!(
-            out.contains(&format!("xfer-bench {op} block 65536 batch 8 threads 2")),
+            out.contains(&format!(
+                "xfer-bench {op} over {link} block 65536 batch 8 threads 2"
+            )),
             "{out}"
         );
     }

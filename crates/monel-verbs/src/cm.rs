@@ -317,6 +317,27 @@ fn bring_up(
     Ok((remote, mtu, auth))
 }
 
+/// The server's side of the exchange on one accepted connection (one that a protocol of
+/// the caller's own accepted and handed over), for `qp` (in RESET or INIT), offering `buf`.
+/// The QP goes back to RESET if the exchange fails after it was brought up.
+pub fn accept_stream(
+    mut s: TcpStream,
+    qp: &QueuePair,
+    buf: Option<BufferInfo>,
+    cfg: &CmConfig,
+) -> Result<Connection> {
+    let g = greet(&mut s, cfg)?;
+    finish(s, g, qp, buf, cfg).inspect_err(|_| {
+        let _ = qp.modify(
+            &crate::QpAttr {
+                qp_state: crate::QpState::Reset,
+                ..crate::QpAttr::default()
+            },
+            crate::AttrMask::STATE,
+        );
+    })
+}
+
 /// A listening connection manager.
 #[derive(Debug)]
 pub struct Listener {
@@ -530,7 +551,7 @@ pub fn connect(
     cfg: &CmConfig,
 ) -> Result<Connection> {
     let deadline = Instant::now() + cfg.timeout;
-    let mut s = loop {
+    let s = loop {
         match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
             Ok(s) => break s,
             Err(e) if Instant::now() >= deadline => {
@@ -542,6 +563,17 @@ pub fn connect(
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
     };
+    connect_stream(s, qp, buf, cfg)
+}
+
+/// [`connect`] over a connection already open to the server (one that a protocol of the
+/// caller's own opened and handed over).
+pub fn connect_stream(
+    mut s: TcpStream,
+    qp: &QueuePair,
+    buf: Option<BufferInfo>,
+    cfg: &CmConfig,
+) -> Result<Connection> {
     s.set_read_timeout(Some(cfg.timeout)).map_err(io)?;
     s.set_nodelay(true).map_err(io)?;
     let secret = cfg.secret.as_deref();

@@ -10,9 +10,11 @@
 //! - [`notify`]: notifications numbered per sender, each taken once;
 //! - [`wire`]: the messages agents exchange (segment tables, notifications, withdrawals),
 //!   every count bounded before allocation;
+//! - [`stream`]: the TCP transport's opening, proofs and frames;
 //!
-//! and its I/O edge, [`agent`]: an agent over Monel's verbs (the soft RNIC, or a kernel RDMA
-//! device), one authenticated RC queue pair per peer.
+//! and its I/O edge, [`agent`]: an agent that reaches each peer over RDMA (Monel's verbs: the
+//! soft RNIC, or a kernel RDMA device; one authenticated RC queue pair) or, where RDMA does
+//! not work, over one authenticated TCP connection.
 //!
 //! See `docs/xfer.md` for the model next to Mooncake's and NIXL's.
 
@@ -21,9 +23,10 @@ pub mod batch;
 pub mod error;
 pub mod notify;
 pub mod segment;
+pub mod stream;
 pub mod wire;
 
-pub use agent::{Agent, AgentConfig, BatchId};
+pub use agent::{Agent, AgentConfig, BatchId, Transport};
 pub use batch::{Batch, Desc, DescState, Op, Plan, Slice};
 pub use error::{Result, XferError};
 pub use notify::{Inbox, Notification, Outbox};

@@ -1,22 +1,32 @@
-//! The agent: the engine's I/O edge over Monel's verbs (the soft RNIC, or a kernel RDMA
-//! device through rdma-core). Each peer is one RC queue pair, set up by Monel's connection
-//! manager (both sides prove the job secret, and the queue pair's packets are then
-//! protected with keys from it); the agents' messages (names, segment tables,
-//! notifications) go as SENDs on that queue pair, so they are as protected as the data;
-//! READs and WRITEs go straight between registered segments.
+//! The agent: the engine's I/O edge. Each peer is reached over one link, the best that
+//! works ([`Transport`]):
 //!
-//! Two threads per agent: one accepts peers, one drives completions (it decodes messages,
-//! ends slices, posts what waits, wakes waiters). A peer whose queue pair fails is lost:
-//! its batches' slices fail with [`XferError::PeerLost`], nothing else is touched.
+//! - RDMA, over Monel's verbs (the soft RNIC, or a kernel RDMA device through rdma-core):
+//!   one RC queue pair, set up by Monel's connection manager (both sides prove the job
+//!   secret, and the queue pair's packets are then protected with keys from it); the agents'
+//!   messages (names, segment tables, notifications) go as SENDs on that queue pair, so they
+//!   are as protected as the data; READs and WRITEs go straight between registered segments;
+//! - TCP, where RDMA does not work: one connection whose two sides proved the job
+//!   secret; the target carries out each READ and WRITE against its own registrations.
+//!
+//! One address serves both: a client's first bytes say which link it opens
+//! ([`crate::stream`]). Threads: one accepts peers (each handshake on a thread of its own),
+//! one drives RDMA completions (it decodes messages, ends slices, posts what waits, wakes
+//! waiters), two per TCP peer (one reads, one writes). A peer whose link fails is lost: its
+//! batches' slices fail with [`XferError::PeerLost`], nothing else is touched.
+
+mod tcp;
 
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use monel_verbs::cm::{self, CmConfig, Listener};
+use monel_verbs::cm::{self, CmConfig};
+use monel_verbs::greeter::Greeter;
 use monel_verbs::protect::PacketAuth;
 use monel_verbs::{
     AccessFlags, CompletionQueue, ConnectParams, Context, ContextConfig, Device, MemoryRegion, Mtu,
@@ -54,6 +64,18 @@ const WR_SLICE: u64 = 1 << 56;
 const WR_MSG_TX: u64 = 2 << 56;
 const WR_MSG_RX: u64 = 3 << 56;
 
+/// Which links an agent opens to its peers, and accepts from them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// RDMA where it works, else TCP (logged with the reason); accepts both.
+    #[default]
+    Auto,
+    /// RDMA only.
+    Rdma,
+    /// TCP only.
+    Tcp,
+}
+
 /// How an agent runs.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -74,6 +96,8 @@ pub struct AgentConfig {
     /// The soft RNIC's UDP port: RoCE's 4791, where hardware peers and rxe send; another
     /// (or 0, any free one) lets several agents share an address with soft peers only.
     pub udp_port: u16,
+    /// The links [`Agent::connect`] opens and the listener accepts.
+    pub transport: Transport,
 }
 
 impl AgentConfig {
@@ -94,6 +118,7 @@ impl AgentConfig {
             plan: Plan::default(),
             timeout: Duration::from_secs(10),
             udp_port: ContextConfig::default().udp_port,
+            transport: Transport::Auto,
         }
     }
 }
@@ -113,13 +138,32 @@ impl BatchId {
     }
 }
 
+/// How a peer is reached.
+enum Link {
+    /// A queue pair, with the regions its messages go through.
+    Rdma {
+        qp: QueuePair,
+        rx: MemoryRegion,
+        tx: MemoryRegion,
+        tx_free: Vec<usize>,
+    },
+    /// A TCP connection.
+    Tcp(tcp::TcpLink),
+}
+
+impl Link {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Rdma { .. } => "rdma",
+            Self::Tcp(_) => "tcp",
+        }
+    }
+}
+
 struct Peer {
     name: Option<String>,
-    qp: QueuePair,
+    link: Link,
     remote: SegmentTable,
-    rx: MemoryRegion,
-    tx: MemoryRegion,
-    tx_free: Vec<usize>,
     /// Messages waiting for a send slot, in order.
     queued: VecDeque<Vec<u8>>,
     outbox: Outbox,
@@ -202,6 +246,10 @@ fn verbs(e: VerbsError) -> XferError {
     XferError::Transport(e.to_string())
 }
 
+fn io(e: std::io::Error) -> XferError {
+    XferError::Transport(e.to_string())
+}
+
 impl Agent {
     /// Opens the device and starts listening for peers.
     pub fn new(cfg: AgentConfig) -> Result<Self> {
@@ -216,8 +264,8 @@ impl Agent {
         .map_err(verbs)?;
         let pd = ctx.alloc_pd();
         let cq = ctx.create_cq(CQ_DEPTH).map_err(verbs)?;
-        let listener = Listener::bind(cfg.listen).map_err(verbs)?;
-        let addr = listener.local_addr().map_err(verbs)?;
+        let listener = TcpListener::bind(cfg.listen).map_err(io)?;
+        let addr = listener.local_addr().map_err(io)?;
         let shared = Arc::new(Shared {
             name: cfg.name.clone(),
             cfg,
@@ -243,7 +291,7 @@ impl Agent {
         let threads = vec![
             std::thread::Builder::new()
                 .name(format!("xfer-accept-{}", shared.name))
-                .spawn(move || accept_loop(&s1, &listener))
+                .spawn(move || accept_loop(&s1, listener))
                 .map_err(|e| XferError::Transport(e.to_string()))?,
             std::thread::Builder::new()
                 .name(format!("xfer-progress-{}", shared.name))
@@ -337,12 +385,45 @@ impl Agent {
         f(mr).map_err(verbs)
     }
 
-    /// Connects to the agent listening at `addr`; returns its name once its segment table
-    /// has arrived.
+    /// Connects to the agent listening at `addr` over the configured [`Transport`]; returns
+    /// its name once its segment table has arrived.
     pub fn connect(&self, addr: SocketAddr) -> Result<String> {
+        match self.shared.cfg.transport {
+            Transport::Rdma => self.connect_rdma(addr),
+            Transport::Tcp => self.connect_tcp(addr),
+            Transport::Auto => self.connect_rdma(addr).or_else(|e| {
+                tracing::info!(
+                    target: "monel::xfer",
+                    "{}: RDMA to {addr} failed ({e}); trying TCP",
+                    self.shared.name
+                );
+                self.connect_tcp(addr)
+            }),
+        }
+    }
+
+    fn connect_rdma(&self, addr: SocketAddr) -> Result<String> {
         let qp = new_qp(&self.shared)?;
-        cm::connect(addr, &qp, None, &cm_config(&self.shared.cfg)).map_err(verbs)?;
-        let i = add_peer(&self.shared, qp)?;
+        let mut stream = dial(addr, self.shared.cfg.timeout)?;
+        stream.write_all(crate::stream::OPEN_RDMA).map_err(io)?;
+        cm::connect_stream(stream, &qp, None, &cm_config(&self.shared.cfg)).map_err(verbs)?;
+        let i = add_rdma_peer(&self.shared, qp)?;
+        self.introduced(i, addr)
+    }
+
+    fn connect_tcp(&self, addr: SocketAddr) -> Result<String> {
+        let stream = dial(addr, self.shared.cfg.timeout)?;
+        let stream = tcp::open(
+            stream,
+            self.shared.cfg.secret.as_deref(),
+            self.shared.cfg.timeout,
+        )?;
+        let i = tcp::add_peer(&self.shared, stream)?;
+        self.introduced(i, addr)
+    }
+
+    /// Waits until peer `i` introduced itself and published its table; returns its name.
+    fn introduced(&self, i: usize, addr: SocketAddr) -> Result<String> {
         let deadline = Instant::now() + self.shared.cfg.timeout;
         let mut st = self.shared.state();
         loop {
@@ -351,17 +432,32 @@ impl Agent {
                 return Err(e.clone());
             }
             if let (Some(n), true) = (&p.name, p.published) {
+                tracing::info!(
+                    target: "monel::xfer",
+                    "{}: peer {n} at {addr} over {}",
+                    self.shared.name,
+                    p.link.name()
+                );
                 return Ok(n.clone());
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(XferError::PeerLost(format!(
+                let e = XferError::PeerLost(format!(
                     "{addr} connected but did not introduce itself within {:?}",
                     self.shared.cfg.timeout
-                )));
+                ));
+                st.peers[i].lost.get_or_insert(e.clone());
+                return Err(e);
             }
             st = wait(&self.shared, st, left);
         }
+    }
+
+    /// The link peer `peer` is reached over: "rdma" or "tcp".
+    pub fn transport(&self, peer: &str) -> Result<&'static str> {
+        let st = self.shared.state();
+        let i = find_peer(&st, peer)?;
+        Ok(st.peers[i].link.name())
     }
 
     /// The peers that introduced themselves, and are not lost.
@@ -395,14 +491,18 @@ impl Agent {
         if let Some(e) = &st.peers[i].lost {
             return Err(e.clone());
         }
+        let mut plan = Plan {
+            lanes: 1,
+            ..self.shared.cfg.plan
+        };
+        if let Link::Tcp(_) = st.peers[i].link {
+            plan.slice = plan.slice.min(crate::stream::MAX_DATA as u64);
+        }
         let batch = Batch::plan(
             descs,
             &st.local.table,
             &st.peers[i].remote,
-            Plan {
-                lanes: 1,
-                ..self.shared.cfg.plan
-            },
+            plan,
             notification,
         )?;
         let id = st.next_batch;
@@ -466,6 +566,34 @@ impl Agent {
         }
     }
 
+    /// Waits until every message sent to a live peer (notifications, tables) was delivered:
+    /// on RDMA, its SEND acknowledged by the peer's NIC; on TCP, written out to the
+    /// connection. Dropping the agent does this first, for up to its timeout.
+    pub fn flush(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.shared.state();
+        loop {
+            let busy = st.peers.iter().any(|p| {
+                p.lost.is_none()
+                    && (!p.queued.is_empty()
+                        || match &p.link {
+                            Link::Rdma { tx_free, .. } => tx_free.len() < TX_SLOTS,
+                            Link::Tcp(t) => !t.flushed(),
+                        })
+            });
+            if !busy {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(XferError::Timeout(format!(
+                    "messages to peers not delivered within {timeout:?}"
+                )));
+            }
+            st = wait(&self.shared, st, left.min(Duration::from_millis(5)));
+        }
+    }
+
     /// What peers sent that was refused without cutting them off (a repeated notification,
     /// a full inbox), oldest first.
     pub fn refused(&self) -> Vec<XferError> {
@@ -475,7 +603,15 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
+        // What was sent (the last notifications) reaches the peers before the agent goes.
+        let _ = self.flush(self.shared.cfg.timeout);
         self.shared.stop.store(true, Ordering::Release);
+        // TCP links' threads end when their connection does.
+        for p in &self.shared.state().peers {
+            if let Link::Tcp(t) = &p.link {
+                t.close();
+            }
+        }
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -542,7 +678,7 @@ fn publish(st: &mut State, name: &str, mr: MemoryRegion) -> Result<()> {
 
 /// Takes a connected queue pair in as a peer: posts its receives, introduces this agent and
 /// publishes its segments.
-fn add_peer(s: &Shared, qp: QueuePair) -> Result<usize> {
+fn add_rdma_peer(s: &Shared, qp: QueuePair) -> Result<usize> {
     let rx =
         s.pd.reg_mr(vec![0u8; RX_SLOTS * MSG_MAX], AccessFlags::LOCAL_WRITE)
             .map_err(verbs)?;
@@ -550,12 +686,7 @@ fn add_peer(s: &Shared, qp: QueuePair) -> Result<usize> {
         s.pd.reg_mr(vec![0u8; TX_SLOTS * MSG_MAX], AccessFlags::LOCAL_WRITE)
             .map_err(verbs)?;
     let mut st = s.state();
-    let i = st.peers.len();
-    if i >= 1 << 16 || st.peers.iter().filter(|p| p.lost.is_none()).count() >= MAX_PEERS {
-        return Err(XferError::TooLarge(format!(
-            "more than {MAX_PEERS} live peers on one agent"
-        )));
-    }
+    let i = next_peer(&st)?;
     for slot in 0..RX_SLOTS {
         qp.post_recv(RecvWr {
             wr_id: WR_MSG_RX | (i as u64) << 16 | slot as u64,
@@ -563,13 +694,34 @@ fn add_peer(s: &Shared, qp: QueuePair) -> Result<usize> {
         })
         .map_err(verbs)?;
     }
-    st.peers.push(Peer {
-        name: None,
+    let link = Link::Rdma {
         qp,
-        remote: SegmentTable::new(),
         rx,
         tx,
         tx_free: (0..TX_SLOTS).collect(),
+    };
+    push_peer(s, &mut st, link)
+}
+
+/// The index the next peer gets, if one more may come.
+fn next_peer(st: &State) -> Result<usize> {
+    let i = st.peers.len();
+    if i >= 1 << 16 || st.peers.iter().filter(|p| p.lost.is_none()).count() >= MAX_PEERS {
+        return Err(XferError::TooLarge(format!(
+            "more than {MAX_PEERS} live peers on one agent"
+        )));
+    }
+    Ok(i)
+}
+
+/// Adds a peer reached over `link` (at [`next_peer`]'s index), introduces this agent and
+/// publishes its segments.
+fn push_peer(s: &Shared, st: &mut State, link: Link) -> Result<usize> {
+    let i = st.peers.len();
+    st.peers.push(Peer {
+        name: None,
+        link,
+        remote: SegmentTable::new(),
         queued: VecDeque::new(),
         outbox: Outbox::default(),
         in_flight: 0,
@@ -582,6 +734,24 @@ fn add_peer(s: &Shared, qp: QueuePair) -> Result<usize> {
     send_msg(p, i, &hello)?;
     send_msg(p, i, &table)?;
     Ok(i)
+}
+
+/// A TCP connection to `addr`, tried again until `timeout` while it is refused (the peer
+/// not listening yet).
+fn dial(addr: SocketAddr, timeout: Duration) -> Result<TcpStream> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
+            Ok(s) => {
+                s.set_nodelay(true).map_err(io)?;
+                return Ok(s);
+            }
+            Err(e) if Instant::now() >= deadline => {
+                return Err(XferError::Transport(format!("connect {addr}: {e}")));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
 }
 
 fn batch_of(st: &State, id: BatchId) -> Result<&BatchEntry> {
@@ -618,24 +788,35 @@ fn send_msg(p: &mut Peer, i: usize, msg: &Msg) -> Result<()> {
     send_queued(p, i)
 }
 
-/// Sends queued messages to peer `i` while it has free send slots.
+/// Sends queued messages to peer `i` while its link takes them (an RDMA link while it has
+/// free send slots).
 fn send_queued(p: &mut Peer, i: usize) -> Result<()> {
     while p.lost.is_none() && !p.queued.is_empty() {
-        let Some(slot) = p.tx_free.pop() else {
-            return Ok(());
-        };
-        let bytes = p.queued.pop_front().expect("not empty");
-        p.tx.write(slot * MSG_MAX, &bytes).map_err(verbs)?;
-        p.qp.post_send(SendWr {
-            wr_id: WR_MSG_TX | (i as u64) << 16 | slot as u64,
-            op: SendOp::Send,
-            sg_list: vec![p.tx.sge(slot * MSG_MAX, bytes.len())],
-            flags: SendFlags {
-                signaled: true,
-                ..SendFlags::default()
-            },
-        })
-        .map_err(verbs)?;
+        match &mut p.link {
+            Link::Rdma {
+                qp, tx, tx_free, ..
+            } => {
+                let Some(slot) = tx_free.pop() else {
+                    return Ok(());
+                };
+                let bytes = p.queued.pop_front().expect("not empty");
+                tx.write(slot * MSG_MAX, &bytes).map_err(verbs)?;
+                qp.post_send(SendWr {
+                    wr_id: WR_MSG_TX | (i as u64) << 16 | slot as u64,
+                    op: SendOp::Send,
+                    sg_list: vec![tx.sge(slot * MSG_MAX, bytes.len())],
+                    flags: SendFlags {
+                        signaled: true,
+                        ..SendFlags::default()
+                    },
+                })
+                .map_err(verbs)?;
+            }
+            Link::Tcp(t) => {
+                let bytes = p.queued.pop_front().expect("not empty");
+                t.send(crate::stream::Frame::Msg(bytes))?;
+            }
+        }
     }
     Ok(())
 }
@@ -652,38 +833,31 @@ fn broadcast(st: &mut State, msg: &Msg) {
 /// Posts what batches have waiting, as far as each peer's send queue allows, and sends the
 /// notifications of batches whose data is in place.
 fn pump(st: &mut State) {
-    let State { peers, batches, .. } = st;
+    let State {
+        peers,
+        batches,
+        local,
+        ..
+    } = st;
     for (&id, e) in batches.iter_mut() {
         let p = &mut peers[e.peer];
         if let Some(err) = &p.lost {
             e.batch.fail_lane(0, err);
         }
-        while p.lost.is_none() && p.in_flight < SQ_DEPTH {
+        let depth = match p.link {
+            Link::Rdma { .. } => SQ_DEPTH,
+            Link::Tcp(_) => tcp::DEPTH,
+        };
+        while p.lost.is_none() && p.in_flight < depth {
             let Some(sl) = e.batch.take(0) else { break };
-            let remote = RemoteAddr {
-                addr: sl.remote_addr,
-                rkey: RKey(sl.remote_key),
+            let tag = WR_SLICE | u64::from(id) << 32 | sl.id as u64;
+            let posted = match &mut p.link {
+                Link::Rdma { qp, .. } => post_slice(qp, tag, &sl),
+                Link::Tcp(t) => t.post_slice(tag, &sl, local),
             };
-            let op = match sl.op {
-                crate::batch::Op::Write => SendOp::Write(remote),
-                crate::batch::Op::Read => SendOp::Read(remote),
-            };
-            let wr = SendWr {
-                wr_id: WR_SLICE | u64::from(id) << 32 | sl.id as u64,
-                op,
-                sg_list: vec![monel_verbs::Sge {
-                    addr: sl.local_addr,
-                    length: sl.len,
-                    lkey: monel_verbs::LKey(sl.local_key),
-                }],
-                flags: SendFlags {
-                    signaled: true,
-                    ..SendFlags::default()
-                },
-            };
-            match p.qp.post_send(wr) {
+            match posted {
                 Ok(()) => p.in_flight += 1,
-                Err(err) => e.batch.complete(sl.id, Err(verbs(err))),
+                Err(err) => e.batch.complete(sl.id, Err(err)),
             }
         }
         if !e.notified && e.batch.is_finished() {
@@ -705,6 +879,46 @@ fn pump(st: &mut State) {
     }
 }
 
+/// Posts one slice as an RDMA WRITE or READ on `qp`.
+fn post_slice(qp: &QueuePair, tag: u64, sl: &crate::batch::Slice) -> Result<()> {
+    let remote = RemoteAddr {
+        addr: sl.remote_addr,
+        rkey: RKey(sl.remote_key),
+    };
+    let op = match sl.op {
+        crate::batch::Op::Write => SendOp::Write(remote),
+        crate::batch::Op::Read => SendOp::Read(remote),
+    };
+    qp.post_send(SendWr {
+        wr_id: tag,
+        op,
+        sg_list: vec![monel_verbs::Sge {
+            addr: sl.local_addr,
+            length: sl.len,
+            lkey: monel_verbs::LKey(sl.local_key),
+        }],
+        flags: SendFlags {
+            signaled: true,
+            ..SendFlags::default()
+        },
+    })
+    .map_err(verbs)
+}
+
+/// Slice `tag` (a batch and slice number, as posted) ended with `result` on peer `i`.
+fn end_slice(st: &mut State, i: usize, tag: u64, result: Result<()>) {
+    let id = ((tag >> 32) & 0x00ff_ffff) as u32;
+    let slice = (tag & 0xffff_ffff) as usize;
+    if let Some(e) = st.batches.get_mut(&id) {
+        if e.peer != i {
+            return;
+        }
+        let p = &mut st.peers[i];
+        p.in_flight = p.in_flight.saturating_sub(1);
+        e.batch.complete(slice, result);
+    }
+}
+
 fn wait<'a>(s: &'a Shared, st: MutexGuard<'a, State>, left: Duration) -> MutexGuard<'a, State> {
     s.changed
         .wait_timeout(st, left.min(Duration::from_millis(100)))
@@ -712,40 +926,70 @@ fn wait<'a>(s: &'a Shared, st: MutexGuard<'a, State>, left: Duration) -> MutexGu
         .0
 }
 
-fn accept_loop(s: &Arc<Shared>, listener: &Listener) {
-    // One server for the agent's life: a client still in its handshake when a wait ends
-    // is finished by the next, not closed.
-    let mut server = loop {
-        match listener.server(&cm_config(&s.cfg)) {
-            Ok(server) => break server,
-            Err(_) if !s.stop.load(Ordering::Acquire) => {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Err(_) => return,
-        }
+/// Handshakes under way at most (each on a thread of its own); more connections wait.
+const MAX_HANDSHAKES: usize = 16;
+
+fn accept_loop(s: &Arc<Shared>, listener: TcpListener) {
+    // Each connection's first bytes (which link it opens) are read on a thread of their
+    // own: a silent or slow client holds up nobody.
+    let Ok(mut greeter) = Greeter::new(
+        listener,
+        |c: &mut TcpStream| {
+            let mut open = [0u8; 8];
+            std::io::Read::read_exact(c, &mut open).map(|()| open)
+        },
+        s.cfg.timeout,
+        "xfer",
+    ) else {
+        return;
     };
-    // The queue pair the next client gets (kept while none comes).
-    let mut spare = None;
+    let busy = Arc::new(AtomicUsize::new(0));
     while !s.stop.load(Ordering::Acquire) {
-        let qp = match spare.take() {
-            Some(q) => q,
-            None => match new_qp(s) {
-                Ok(q) => q,
-                Err(_) => {
-                    std::thread::sleep(Duration::from_millis(100));
-                    continue;
-                }
-            },
+        let Ok(Some((c, from, open))) = greeter.next(Duration::from_millis(100)) else {
+            continue;
         };
-        // A bad or silent client costs this one attempt; the listener goes on.
-        let served = server.serve(&qp, None, Some(Duration::from_millis(200)));
-        match served {
-            Ok(_) => {
-                let _ = add_peer(s, qp);
-                s.changed.notify_all();
-            }
-            Err(_) => spare = Some(qp),
+        if busy.load(Ordering::Acquire) >= MAX_HANDSHAKES {
+            greeter.drop_one(from, &"too many handshakes under way");
+            continue;
         }
+        busy.fetch_add(1, Ordering::AcqRel);
+        let (s2, busy2) = (s.clone(), busy.clone());
+        let spawned = std::thread::Builder::new()
+            .name("xfer-handshake".into())
+            .spawn(move || {
+                if let Err(e) = take_peer(&s2, c, &open) {
+                    tracing::warn!(target: "monel::xfer", "{}: a peer from {from} refused: {e}", s2.name);
+                }
+                s2.changed.notify_all();
+                busy2.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_err() {
+            busy.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The server's side of a new connection whose first bytes were `open`.
+fn take_peer(s: &Arc<Shared>, c: TcpStream, open: &[u8; 8]) -> Result<usize> {
+    let t = s.cfg.transport;
+    if (open == crate::stream::OPEN_RDMA && t == Transport::Tcp)
+        || (open == crate::stream::OPEN_TCP && t == Transport::Rdma)
+    {
+        return Err(XferError::Transport(format!(
+            "this agent takes {t:?} links only"
+        )));
+    }
+    if open == crate::stream::OPEN_RDMA {
+        let qp = new_qp(s)?;
+        cm::accept_stream(c, &qp, None, &cm_config(&s.cfg)).map_err(verbs)?;
+        add_rdma_peer(s, qp)
+    } else if open == crate::stream::OPEN_TCP {
+        let c = tcp::accept(c, s.cfg.secret.as_deref(), s.cfg.timeout)?;
+        tcp::add_peer(s, c)
+    } else {
+        Err(XferError::BadMessage(
+            "not a transfer agent's connection".into(),
+        ))
     }
 }
 
@@ -773,17 +1017,15 @@ fn handle(st: &mut State, wc: &monel_verbs::WorkCompletion) {
     match kind {
         WR_SLICE => {
             let id = ((wc.wr_id >> 32) & 0x00ff_ffff) as u32;
-            let slice = (wc.wr_id & 0xffff_ffff) as usize;
-            if let Some(e) = st.batches.get_mut(&id) {
-                let p = &mut st.peers[e.peer];
-                p.in_flight = p.in_flight.saturating_sub(1);
-                if ok {
-                    e.batch.complete(slice, Ok(()));
-                } else {
-                    let err = lost(p, wc.status);
-                    e.batch.complete(slice, Err(err));
-                }
-            }
+            let Some(i) = st.batches.get(&id).map(|e| e.peer) else {
+                return;
+            };
+            let result = if ok {
+                Ok(())
+            } else {
+                Err(lost(&mut st.peers[i], wc.status))
+            };
+            end_slice(st, i, wc.wr_id, result);
         }
         WR_MSG_TX => {
             let (i, slot) = (
@@ -791,7 +1033,9 @@ fn handle(st: &mut State, wc: &monel_verbs::WorkCompletion) {
                 (wc.wr_id & 0xffff) as usize,
             );
             if let Some(p) = st.peers.get_mut(i) {
-                p.tx_free.push(slot);
+                if let Link::Rdma { tx_free, .. } = &mut p.link {
+                    tx_free.push(slot);
+                }
                 if !ok {
                     lost(p, wc.status);
                 }
@@ -809,9 +1053,12 @@ fn handle(st: &mut State, wc: &monel_verbs::WorkCompletion) {
                 lost(&mut st.peers[i], wc.status);
                 return;
             }
+            let Link::Rdma { rx, .. } = &st.peers[i].link else {
+                return;
+            };
             let len = (wc.byte_len as usize).min(MSG_MAX);
             let mut bytes = vec![0u8; len];
-            let _ = st.peers[i].rx.read(slot * MSG_MAX, &mut bytes);
+            let _ = rx.read(slot * MSG_MAX, &mut bytes);
             let taken = Msg::decode(&bytes).and_then(|m| apply(st, i, m));
             let p = &mut st.peers[i];
             if let Err(e) = taken {
@@ -819,10 +1066,12 @@ fn handle(st: &mut State, wc: &monel_verbs::WorkCompletion) {
                 p.lost = Some(e);
                 return;
             }
-            let _ = p.qp.post_recv(RecvWr {
-                wr_id: wc.wr_id,
-                sg_list: vec![p.rx.sge(slot * MSG_MAX, MSG_MAX)],
-            });
+            if let Link::Rdma { qp, rx, .. } = &p.link {
+                let _ = qp.post_recv(RecvWr {
+                    wr_id: wc.wr_id,
+                    sg_list: vec![rx.sge(slot * MSG_MAX, MSG_MAX)],
+                });
+            }
         }
         _ => {}
     }

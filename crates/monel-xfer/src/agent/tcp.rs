@@ -1,0 +1,401 @@
+//! The TCP link: where RDMA does not work, a peer is one TCP connection whose two sides
+//! proved the job secret ([`crate::stream`]). A WRITE goes as a put carrying its bytes, a
+//! READ as a get answered with them; the target resolves each against its own published
+//! registrations (key, address, length) as an RNIC would, and answers with a status.
+//! Each connection has a reader thread (it applies messages, serves puts and gets, ends
+//! slices) and a writer thread (it drains a queue, so nothing blocks on the socket while
+//! holding the agent's state).
+
+use std::collections::HashMap;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use monel_verbs::MemoryRegion;
+use monel_verbs::auth::nonce;
+
+use super::{Link, Local, MSG_MAX, Shared, apply, end_slice, io, next_peer, pump, push_peer};
+use crate::batch::{Op, Slice};
+use crate::error::{Result, XferError};
+use crate::stream::{self, ACCESS_ERROR, Frame, HEADER, OK, OPEN_TCP};
+use crate::wire::Msg;
+
+/// Slices in flight to one TCP peer.
+pub(super) const DEPTH: u32 = 16;
+/// Bytes queued for one peer's connection at most (its writes, and its answers to the
+/// peer's reads); a peer that does not take them is cut off.
+const MAX_PENDING: usize = 256 << 20;
+/// The socket buffers on each side.
+const BUF: usize = 256 << 10;
+
+/// A peer's TCP connection, as the agent's state holds it.
+pub(super) struct TcpLink {
+    out: Sender<Frame>,
+    /// Bytes handed to the writer and not yet written.
+    pending: Arc<AtomicUsize>,
+    /// The writer holds written bytes it has not flushed to the connection yet.
+    dirty: Arc<AtomicBool>,
+    /// Reads in flight: tag -> where their bytes land (local key, address, length).
+    reads: HashMap<u64, (u32, u64, u32)>,
+    stream: TcpStream,
+}
+
+impl TcpLink {
+    /// Queues `f` for the writer.
+    pub(super) fn send(&self, f: Frame) -> Result<()> {
+        let n = f.wire_len();
+        if self.pending.fetch_add(n, Ordering::AcqRel) + n > MAX_PENDING {
+            self.pending.fetch_sub(n, Ordering::AcqRel);
+            return Err(XferError::TooLarge(format!(
+                "over {MAX_PENDING} bytes queued for a peer that does not take them"
+            )));
+        }
+        self.out
+            .send(f)
+            .map_err(|_| XferError::PeerLost("its connection's writer ended".into()))
+    }
+
+    /// Sends one slice: a WRITE's bytes as a put, a READ as a get.
+    pub(super) fn post_slice(&mut self, tag: u64, sl: &Slice, local: &Local) -> Result<()> {
+        match sl.op {
+            Op::Write => {
+                let mut data = vec![0u8; sl.len as usize];
+                let (mr, off) = region(local, sl.local_key, false, sl.local_addr, data.len())
+                    .ok_or_else(|| XferError::Transport("the local segment is gone".into()))?;
+                mr.read(off, &mut data).map_err(super::verbs)?;
+                self.send(Frame::Put {
+                    tag,
+                    key: sl.remote_key,
+                    addr: sl.remote_addr,
+                    data,
+                })
+            }
+            Op::Read => {
+                self.reads
+                    .insert(tag, (sl.local_key, sl.local_addr, sl.len));
+                self.send(Frame::Get {
+                    tag,
+                    key: sl.remote_key,
+                    addr: sl.remote_addr,
+                    len: sl.len,
+                })
+                .inspect_err(|_| {
+                    self.reads.remove(&tag);
+                })
+            }
+        }
+    }
+
+    /// Whether everything queued went out to the connection.
+    pub(super) fn flushed(&self) -> bool {
+        self.pending.load(Ordering::Acquire) == 0 && !self.dirty.load(Ordering::Acquire)
+    }
+
+    /// Ends the connection (its threads end with it).
+    pub(super) fn close(&self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+/// The registration of `local` that `key` names (a local key, or with `remote` the remote
+/// key it published), and where `[addr, addr + len)` starts in it, if it lies inside.
+fn region(
+    local: &Local,
+    key: u32,
+    remote: bool,
+    addr: u64,
+    len: usize,
+) -> Option<(&MemoryRegion, usize)> {
+    let mr = local.mrs.values().find(|m| {
+        if remote {
+            m.rkey().0 == key
+        } else {
+            m.lkey().0 == key
+        }
+    })?;
+    let off = usize::try_from(addr.checked_sub(mr.addr())?).ok()?;
+    (off.checked_add(len)? <= mr.len()).then_some((mr, off))
+}
+
+/// The client's side of a new TCP link on `c`: says which link it opens, proves the job
+/// secret and checks the server's proof.
+pub(super) fn open(
+    mut c: TcpStream,
+    secret: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<TcpStream> {
+    c.set_read_timeout(Some(timeout)).map_err(io)?;
+    c.write_all(OPEN_TCP).map_err(io)?;
+    let mut hello = [0u8; 17];
+    c.read_exact(&mut hello).map_err(io)?;
+    if hello[0] == 1 && secret.is_none() {
+        return Err(XferError::Transport(
+            "the peer requires the job secret and none is configured here".into(),
+        ));
+    }
+    let ns = &hello[1..];
+    let nc = nonce();
+    let mut req = nc.to_vec();
+    req.extend_from_slice(&stream::proof(secret, "client", ns, &nc));
+    c.write_all(&req).map_err(io)?;
+    let mut rep = [0u8; 33];
+    c.read_exact(&mut rep).map_err(io)?;
+    if rep[0] != OK {
+        return Err(XferError::Transport(
+            "the peer refused us: authentication failed".into(),
+        ));
+    }
+    if !stream::verify(secret, "server", ns, &nc, &rep[1..]) {
+        return Err(XferError::Transport(
+            "the peer did not prove the job secret".into(),
+        ));
+    }
+    c.set_read_timeout(None).map_err(io)?;
+    Ok(c)
+}
+
+/// The server's side of a new TCP link on `c` (its opening already read): checks the
+/// client's proof of the job secret and gives its own.
+pub(super) fn accept(
+    mut c: TcpStream,
+    secret: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<TcpStream> {
+    c.set_read_timeout(Some(timeout)).map_err(io)?;
+    c.set_nodelay(true).map_err(io)?;
+    let ns = nonce();
+    let mut hello = vec![u8::from(secret.is_some())];
+    hello.extend_from_slice(&ns);
+    c.write_all(&hello).map_err(io)?;
+    let mut req = [0u8; 48];
+    c.read_exact(&mut req).map_err(io)?;
+    let nc = &req[..16];
+    if !stream::verify(secret, "client", &ns, nc, &req[16..]) {
+        let _ = c.write_all(&[ACCESS_ERROR; 33]);
+        return Err(XferError::Transport(
+            "a client without the job secret".into(),
+        ));
+    }
+    let mut rep = vec![OK];
+    rep.extend_from_slice(&stream::proof(secret, "server", &ns, nc));
+    c.write_all(&rep).map_err(io)?;
+    c.set_read_timeout(None).map_err(io)?;
+    Ok(c)
+}
+
+/// Takes an authenticated connection in as a peer: starts its threads, introduces this
+/// agent and publishes its segments.
+pub(super) fn add_peer(s: &Arc<Shared>, c: TcpStream) -> Result<usize> {
+    let reader = c.try_clone().map_err(io)?;
+    let writer = c.try_clone().map_err(io)?;
+    let (tx, rx) = mpsc::channel();
+    let pending = Arc::new(AtomicUsize::new(0));
+    let dirty = Arc::new(AtomicBool::new(false));
+    let mut st = s.state();
+    let i = next_peer(&st)?;
+    let (w1, w2) = (Arc::downgrade(s), Arc::downgrade(s));
+    let (p2, d2) = (pending.clone(), dirty.clone());
+    std::thread::Builder::new()
+        .name(format!("xfer-tcp-w-{i}"))
+        .spawn(move || write_loop(&w1, i, writer, &rx, &p2, &d2))
+        .map_err(io)?;
+    std::thread::Builder::new()
+        .name(format!("xfer-tcp-r-{i}"))
+        .spawn(move || read_loop(&w2, i, reader))
+        .map_err(io)?;
+    let link = TcpLink {
+        out: tx,
+        pending,
+        dirty,
+        reads: HashMap::new(),
+        stream: c,
+    };
+    push_peer(s, &mut st, Link::Tcp(link))
+}
+
+/// Marks peer `i` lost with `err` (its batches' slices fail) and wakes waiters.
+fn cut_off(s: &Weak<Shared>, i: usize, err: XferError) {
+    if let Some(s) = s.upgrade() {
+        let mut st = s.state();
+        if let Some(p) = st.peers.get_mut(i) {
+            p.lost.get_or_insert(err);
+            if let Link::Tcp(t) = &p.link {
+                t.close();
+            }
+        }
+        pump(&mut st);
+        drop(st);
+        s.changed.notify_all();
+    }
+}
+
+fn write_loop(
+    s: &Weak<Shared>,
+    i: usize,
+    c: TcpStream,
+    rx: &Receiver<Frame>,
+    pending: &AtomicUsize,
+    dirty: &AtomicBool,
+) {
+    let mut w = BufWriter::with_capacity(BUF, c);
+    loop {
+        let f = match rx.try_recv() {
+            Ok(f) => f,
+            Err(TryRecvError::Empty) => {
+                // Nothing more queued: what was written goes out now.
+                if let Err(e) = w.flush() {
+                    return cut_off(s, i, XferError::PeerLost(format!("its connection: {e}")));
+                }
+                dirty.store(false, Ordering::Release);
+                if let Some(s) = s.upgrade() {
+                    s.changed.notify_all();
+                }
+                match rx.recv() {
+                    Ok(f) => f,
+                    Err(_) => return,
+                }
+            }
+            Err(TryRecvError::Disconnected) => return,
+        };
+        let n = f.wire_len();
+        let written = f.write_to(&mut w);
+        dirty.store(true, Ordering::Release);
+        pending.fetch_sub(n, Ordering::AcqRel);
+        if let Err(e) = written {
+            return cut_off(s, i, XferError::PeerLost(format!("its connection: {e}")));
+        }
+    }
+}
+
+fn read_loop(s: &Weak<Shared>, i: usize, c: TcpStream) {
+    let mut r = BufReader::with_capacity(BUF, c);
+    let err = loop {
+        let mut h = [0u8; HEADER];
+        if let Err(e) = r.read_exact(&mut h) {
+            break XferError::PeerLost(format!("its connection: {e}"));
+        }
+        let body = match Frame::body_len(&h) {
+            Ok(n) => n,
+            Err(e) => break e,
+        };
+        let mut b = vec![0u8; body];
+        if let Err(e) = r.read_exact(&mut b) {
+            break XferError::PeerLost(format!("its connection: {e}"));
+        }
+        let f = match Frame::decode(h[4], b) {
+            Ok(f) => f,
+            Err(e) => break e,
+        };
+        let Some(shared) = s.upgrade() else { return };
+        if let Err(e) = on_frame(&shared, i, f) {
+            break e;
+        }
+    };
+    // A peer that breaks the protocol, or whose connection ends, is cut off alone.
+    cut_off(s, i, err);
+}
+
+/// Sends `f` to peer `i`.
+fn reply(s: &Shared, i: usize, f: Frame) -> Result<()> {
+    match &s.state().peers[i].link {
+        Link::Tcp(t) => t.send(f),
+        Link::Rdma { .. } => Ok(()),
+    }
+}
+
+fn remote_access() -> XferError {
+    XferError::Transport(
+        "remote access error: no registration of the target holds the range".into(),
+    )
+}
+
+fn on_frame(s: &Shared, i: usize, f: Frame) -> Result<()> {
+    match f {
+        Frame::Msg(bytes) => {
+            if bytes.len() > MSG_MAX {
+                return Err(XferError::BadMessage(format!(
+                    "a message of {} bytes (at most {MSG_MAX})",
+                    bytes.len()
+                )));
+            }
+            let m = Msg::decode(&bytes)?;
+            let mut st = s.state();
+            apply(&mut st, i, m)?;
+            pump(&mut st);
+        }
+        Frame::Put {
+            tag,
+            key,
+            addr,
+            data,
+        } => {
+            let status = {
+                let st = s.state();
+                match region(&st.local, key, true, addr, data.len()) {
+                    Some((mr, off)) if mr.write(off, &data).is_ok() => OK,
+                    _ => ACCESS_ERROR,
+                }
+            };
+            reply(s, i, Frame::Ack { tag, status })?;
+        }
+        Frame::Get {
+            tag,
+            key,
+            addr,
+            len,
+        } => {
+            let mut data = vec![0u8; len as usize];
+            let status = {
+                let st = s.state();
+                match region(&st.local, key, true, addr, data.len()) {
+                    Some((mr, off)) if mr.read(off, &mut data).is_ok() => OK,
+                    _ => ACCESS_ERROR,
+                }
+            };
+            if status != OK {
+                data = Vec::new();
+            }
+            reply(s, i, Frame::Data { tag, status, data })?;
+        }
+        Frame::Ack { tag, status } => {
+            let mut st = s.state();
+            let r = if status == OK {
+                Ok(())
+            } else {
+                Err(remote_access())
+            };
+            end_slice(&mut st, i, tag, r);
+            pump(&mut st);
+        }
+        Frame::Data { tag, status, data } => {
+            let mut st = s.state();
+            let Link::Tcp(t) = &mut st.peers[i].link else {
+                return Ok(());
+            };
+            let (key, addr, len) = t
+                .reads
+                .remove(&tag)
+                .ok_or_else(|| XferError::BadMessage(format!("data for no read ({tag:#x})")))?;
+            let r = if status != OK {
+                Err(remote_access())
+            } else if data.len() != len as usize {
+                return Err(XferError::BadMessage(format!(
+                    "{} bytes for a read of {len}",
+                    data.len()
+                )));
+            } else {
+                match region(&st.local, key, false, addr, data.len()) {
+                    Some((mr, off)) => mr.write(off, &data).map_err(super::verbs),
+                    None => Err(XferError::Transport("the local segment is gone".into())),
+                }
+            };
+            end_slice(&mut st, i, tag, r);
+            pump(&mut st);
+        }
+    }
+    s.changed.notify_all();
+    Ok(())
+}

@@ -1,0 +1,209 @@
+//! The TCP link: agents that reach each other over TCP move exact bytes both ways with the
+//! notification after the data, fail bad descriptors alone, refuse a peer without the job
+//! secret, and an agent that cannot use RDMA with its peer falls back to TCP.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use monel_verbs::Device;
+use monel_xfer::{Agent, AgentConfig, Desc, DescState, Op, Transport, XferError};
+
+const SECRET: &[u8] = b"job secret for the tcp tests";
+const T: Duration = Duration::from_secs(20);
+
+fn agent(name: &str, ip: &str, secret: Option<&[u8]>, transport: Transport) -> Agent {
+    let dev = Device::bind(ip.parse().unwrap()).unwrap();
+    let listen: SocketAddr = format!("{ip}:0").parse().unwrap();
+    let mut cfg = AgentConfig::new(name, dev, listen, secret.map(<[u8]>::to_vec));
+    cfg.transport = transport;
+    cfg.udp_port = 0;
+    Agent::new(cfg).unwrap()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[2] ^ seed)
+        .collect()
+}
+
+fn desc<'a>(op: Op, local: &'a str, lo: u64, remote: &'a str, ro: u64, len: u64) -> Desc<'a> {
+    Desc {
+        op,
+        local,
+        local_offset: lo,
+        remote,
+        remote_offset: ro,
+        len,
+    }
+}
+
+#[test]
+fn tcp_peers_move_exact_bytes_and_the_notification_follows_the_data() {
+    let decode = agent("decode-t", "127.0.3.31", Some(SECRET), Transport::Tcp);
+    let prefill = agent("prefill-t", "127.0.3.32", Some(SECRET), Transport::Tcp);
+    decode.register("kv", 16 << 20).unwrap();
+    prefill.register("blocks", 16 << 20).unwrap();
+    let src = pattern(16 << 20, 0x11);
+    prefill.write_local("blocks", 0, &src).unwrap();
+    let kv = pattern(16 << 20, 0x22);
+    decode.write_local("kv", 0, &kv).unwrap();
+    assert_eq!(prefill.connect(decode.address()).unwrap(), "decode-t");
+    assert_eq!(prefill.transport("decode-t").unwrap(), "tcp");
+    // 9 MiB WRITE (sliced), 100 small contiguous WRITEs (merged), a 5 MiB READ.
+    let mut descs = vec![desc(Op::Write, "blocks", 0, "kv", 1 << 20, 9 << 20)];
+    descs.extend((0..100u64).map(|k| {
+        desc(
+            Op::Write,
+            "blocks",
+            (12 << 20) + k * 512,
+            "kv",
+            (12 << 20) + k * 512,
+            512,
+        )
+    }));
+    descs.push(desc(Op::Read, "blocks", 10 << 20, "kv", 0, 1 << 20));
+    let id = prefill
+        .transfer("decode-t", &descs, Some(b"request 1".to_vec()))
+        .unwrap();
+    let states = prefill.wait(id, T).unwrap();
+    assert!(states.iter().all(|s| *s == DescState::Done), "{states:?}");
+    let t0 = Instant::now();
+    let n = loop {
+        let n = decode.notifications();
+        if !n.is_empty() {
+            break n;
+        }
+        assert!(t0.elapsed() < T, "no notification");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(
+        (n[0].from.as_str(), n[0].payload.as_slice()),
+        ("prefill-t", &b"request 1"[..])
+    );
+    let mut got = vec![0u8; 16 << 20];
+    decode.read_local("kv", 0, &mut got).unwrap();
+    // The first MiB was READ (unchanged), then the WRITEs' bytes, nothing else touched.
+    assert!(got[..1 << 20] == kv[..1 << 20]);
+    assert!(got[1 << 20..10 << 20] == src[..9 << 20]);
+    assert!(got[10 << 20..12 << 20] == kv[10 << 20..12 << 20]);
+    assert!(got[12 << 20..(12 << 20) + 51200] == src[12 << 20..(12 << 20) + 51200]);
+    assert!(got[(12 << 20) + 51200..] == kv[(12 << 20) + 51200..]);
+    let mut back = vec![0u8; 1 << 20];
+    prefill.read_local("blocks", 10 << 20, &mut back).unwrap();
+    assert!(back == kv[..1 << 20], "the READ brought the target's bytes");
+}
+
+#[test]
+fn bad_descriptors_fail_alone_over_tcp() {
+    let decode = agent("decode-u", "127.0.3.33", Some(SECRET), Transport::Tcp);
+    let prefill = agent("prefill-u", "127.0.3.34", Some(SECRET), Transport::Tcp);
+    decode.register("kv", 4096).unwrap();
+    prefill.register("src", 4096).unwrap();
+    prefill.write_local("src", 0, &[7u8; 4096]).unwrap();
+    prefill.connect(decode.address()).unwrap();
+    let descs = [
+        desc(Op::Write, "src", 0, "nope", 0, 8),
+        desc(Op::Write, "src", 0, "kv", 4000, 100),
+        desc(Op::Write, "src", 0, "kv", 64, 16),
+    ];
+    let id = prefill
+        .transfer("decode-u", &descs, Some(b"x".to_vec()))
+        .unwrap();
+    let st = prefill.wait(id, T).unwrap();
+    assert!(
+        matches!(&st[0], DescState::Failed(XferError::UnknownSegment(_))),
+        "{st:?}"
+    );
+    assert!(
+        matches!(&st[1], DescState::Failed(XferError::OutOfRange { .. })),
+        "{st:?}"
+    );
+    assert_eq!(st[2], DescState::Done);
+    let mut got = vec![0u8; 4096];
+    decode.read_local("kv", 0, &mut got).unwrap();
+    assert!(got[64..80].iter().all(|&b| b == 7));
+    assert!(got[..64].iter().chain(&got[80..]).all(|&b| b == 0));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        decode.notifications().is_empty(),
+        "a failed batch notifies nobody"
+    );
+}
+
+#[test]
+fn a_tcp_peer_without_the_secret_is_refused_and_the_listener_goes_on() {
+    let decode = agent("decode-v", "127.0.3.35", Some(SECRET), Transport::Tcp);
+    let intruder = agent("intruder-v", "127.0.3.36", Some(b"guess"), Transport::Tcp);
+    let e = intruder.connect(decode.address()).unwrap_err();
+    assert!(e.to_string().contains("authentication failed"), "{e}");
+    let bare = agent("bare-v", "127.0.3.36", None, Transport::Tcp);
+    let e = bare.connect(decode.address()).unwrap_err();
+    assert!(e.to_string().contains("requires the job secret"), "{e}");
+    let friend = agent("friend-v", "127.0.3.37", Some(SECRET), Transport::Tcp);
+    assert_eq!(friend.connect(decode.address()).unwrap(), "decode-v");
+    assert_eq!(decode.peers(), vec!["friend-v".to_string()]);
+}
+
+#[test]
+fn an_agent_falls_back_to_tcp_where_rdma_is_refused() {
+    let decode = agent("decode-w", "127.0.3.38", Some(SECRET), Transport::Tcp);
+    let auto = agent("auto-w", "127.0.3.39", Some(SECRET), Transport::Auto);
+    let rdma = agent("rdma-w", "127.0.3.40", Some(SECRET), Transport::Rdma);
+    assert!(
+        rdma.connect(decode.address()).is_err(),
+        "an RDMA-only peer is refused"
+    );
+    assert_eq!(auto.connect(decode.address()).unwrap(), "decode-w");
+    assert_eq!(auto.transport("decode-w").unwrap(), "tcp");
+    // And between two agents that both can, Auto picks RDMA.
+    let other = agent("other-w", "127.0.3.41", Some(SECRET), Transport::Auto);
+    assert_eq!(auto.connect(other.address()).unwrap(), "other-w");
+    assert_eq!(auto.transport("other-w").unwrap(), "rdma");
+}
+
+/// An agent that goes right after its last batch still delivers that batch's notification
+/// (dropping it flushes what was sent), over either link.
+#[test]
+fn the_last_notification_arrives_when_the_sender_goes_at_once() {
+    for (k, t) in [Transport::Tcp, Transport::Rdma].into_iter().enumerate() {
+        let decode = agent(
+            "decode-x",
+            &format!("127.0.3.{}", 42 + 2 * k),
+            Some(SECRET),
+            t,
+        );
+        decode.register("kv", 1 << 20).unwrap();
+        for round in 0..5u8 {
+            let prefill = agent(
+                "prefill-x",
+                &format!("127.0.3.{}", 43 + 2 * k),
+                Some(SECRET),
+                t,
+            );
+            prefill.register("src", 1 << 20).unwrap();
+            prefill.connect(decode.address()).unwrap();
+            let d = [desc(Op::Write, "src", 0, "kv", 0, 1 << 20)];
+            let id = prefill
+                .transfer("decode-x", &d, Some(vec![round; 100]))
+                .unwrap();
+            prefill.wait(id, T).unwrap();
+            let id = prefill
+                .transfer("decode-x", &[], Some(vec![round; 10]))
+                .unwrap();
+            prefill.wait(id, T).unwrap();
+            drop(prefill);
+            let mut got = Vec::new();
+            let t0 = Instant::now();
+            while got.len() < 2 {
+                got.extend(decode.wait_notifications(Duration::from_millis(100)));
+                assert!(
+                    t0.elapsed() < T,
+                    "{t:?} round {round}: {} of 2 notifications",
+                    got.len()
+                );
+            }
+            assert_eq!(got[0].payload, vec![round; 100], "{t:?}");
+            assert_eq!(got[1].payload, vec![round; 10], "{t:?}");
+        }
+    }
+}
