@@ -19,6 +19,7 @@ time to first token, split into prefill compute and KV transfer, and the transfe
     python examples/kv_disagg.py                                  # both, two processes, loopback
     python examples/kv_disagg.py --role decode --ip 10.0.0.2      # on one host (or netns)
     python examples/kv_disagg.py --role prefill --ip 10.0.0.1 --peer 10.0.0.2
+    python examples/kv_disagg.py --etcd 10.0.0.9:2379 ...         # meet by name through etcd
 
 Both roles need the same MONEL_SECRET (the job secret the agents prove to each other).
 """
@@ -150,7 +151,8 @@ def run_decode(args, secret: str) -> int:
     cache = torch.zeros(cache_shape(args, per_req * args.requests))
     block_bytes = cache[0].numel() * cache.element_size()
     agent = xfer.Agent("decode", args.ip, listen=f"{args.ip}:{args.port}", secret=secret,
-                       udp_port=args.udp_port, transport=args.transport)
+                       udp_port=args.udp_port, transport=args.transport, etcd=args.etcd,
+                       job="kv-disagg")
     agent.register("kv", cache)
     print(f"# decode: KV cache of {cache.shape[0]} blocks x {block_bytes >> 10} KiB "
           f"registered at {agent.address}", flush=True)
@@ -218,9 +220,12 @@ def run_prefill(args, secret: str) -> int:
     staging = torch.zeros(cache_shape(args, per_req * args.requests))
     block_bytes = staging[0].numel() * staging.element_size()
     agent = xfer.Agent("prefill", args.ip, secret=secret, udp_port=args.udp_port,
-                       transport=args.transport)
+                       transport=args.transport, etcd=args.etcd, job="kv-disagg")
     agent.register("staging", staging)
-    peer = agent.connect(f"{args.peer}:{args.port}", retry_for=30)
+    if args.etcd:
+        peer = agent.connect_name("decode", retry_for=30)
+    else:
+        peer = agent.connect(f"{args.peer}:{args.port}", retry_for=30)
     print(f"# prefill: connected to {peer} over {agent.transport(peer)}", flush=True)
     agent.wait_for_segment(peer, "kv")
     moved, busy, served = 0, 0.0, 0
@@ -264,6 +269,8 @@ def main() -> int:
                    help="the soft RNIC's UDP port (0: any, to share one address)")
     p.add_argument("--transport", choices=["auto", "rdma", "tcp"], default="auto",
                    help="the link between the two agents")
+    p.add_argument("--etcd", default=None,
+                   help="an etcd server (host:port): the agents meet by name through it")
     p.add_argument("--requests", type=int, default=8)
     p.add_argument("--min-prompt", type=int, default=48)
     p.add_argument("--max-prompt", type=int, default=320)
@@ -283,7 +290,7 @@ def main() -> int:
                 "--new-tokens", str(args.new_tokens), "--vocab", str(args.vocab),
                 "--dim", str(args.dim), "--layers", str(args.layers), "--heads",
                 str(args.heads), "--seed", str(args.seed), "--port", str(args.port),
-                "--transport", args.transport]
+                "--transport", args.transport] + (["--etcd", args.etcd] if args.etcd else [])
         dec = subprocess.Popen(base + ["--role", "decode", "--ip", "127.0.0.1"], env=env)
         pre = subprocess.Popen(base + ["--role", "prefill", "--ip", "127.0.0.2",
                                        "--peer", "127.0.0.1"], env=env)

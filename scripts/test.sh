@@ -6,6 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The transfer engine's registry tests start a real etcd server (Debian's etcd-server).
+if ! command -v etcd > /dev/null && [[ $(id -u) == 0 ]]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server > /dev/null
+fi
 cargo test --workspace --release
 # The README's Rust examples run, and check their own results.
 for ex in monel-ccl:all_reduce monel-verbs:rdma_write monel-fabric:plan; do

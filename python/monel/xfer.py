@@ -98,7 +98,9 @@ class Agent:
     refused, and packets carry tags keyed from it. `udp_port` is the soft RNIC's (RoCE's 4791
     to meet hardware and rxe; 0 lets several agents share one address). `transport`: the
     links this agent opens and accepts: "auto" (RDMA where it works with a peer, else TCP,
-    logged), "rdma" or "tcp".
+    logged), "rdma" or "tcp". With `etcd` ("host:port" of an etcd server) the agent registers
+    its name in job `job` (one agent per name and job, gone when the agent goes or dies) and
+    `connect_name` finds the others.
     """
 
     def __init__(
@@ -110,13 +112,15 @@ class Agent:
         udp_port: int = 4791,
         timeout: float = 10.0,
         transport: str = "auto",
+        etcd: Optional[str] = None,
+        job: str = "default",
     ):
         if isinstance(secret, str):
             secret = secret.encode()
         if listen is None:
             listen = f"{device}:0"
         self._native = _monel.XferAgent(name, device, listen, secret, udp_port, timeout,
-                                        transport)
+                                        transport, etcd, job)
         self._keep: dict = {}
 
     @property
@@ -159,6 +163,22 @@ class Agent:
                 if time.monotonic() >= end:
                     raise
                 time.sleep(0.05)
+
+    def connect_name(self, name: str, retry_for: float = 0.0) -> str:
+        """Connects to the agent registered as `name` in the job (etcd). With `retry_for`, an
+        agent not registered yet is looked for again for that many seconds."""
+        end = time.monotonic() + retry_for
+        while True:
+            try:
+                return self._native.connect_name(name)
+            except (XferError, PeerLostError):
+                if time.monotonic() >= end:
+                    raise
+                time.sleep(0.05)
+
+    def registered(self) -> List[str]:
+        """The agents registered in the job now (etcd), by name."""
+        return self._native.registered()
 
     def transport(self, peer: str) -> str:
         """The link `peer` is reached over: "rdma" or "tcp"."""

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use monel_verbs::Device;
 use monel_xfer::{
-    Agent, AgentConfig, BatchId, Desc, DescState, Op, Transport, XferError as RsXferError,
+    Agent, AgentConfig, BatchId, Desc, DescState, Op, Registry, Transport, XferError as RsXferError,
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
@@ -60,7 +60,7 @@ pub fn xerr(e: &RsXferError) -> PyErr {
         RsXferError::OutOfRange { .. } => OutOfRangeError::new_err(msg),
         RsXferError::Timeout(_) => XferTimeoutError::new_err(msg),
         RsXferError::DuplicateNotification { .. } => DuplicateNotificationError::new_err(msg),
-        RsXferError::PeerLost(_) => PeerLostError::new_err(msg),
+        RsXferError::PeerLost(_) | RsXferError::UnknownPeer(_) => PeerLostError::new_err(msg),
         RsXferError::TooLarge(_) | RsXferError::Duplicate(_) | RsXferError::UnknownBatch(_) => {
             InvalidArgumentError::new_err(msg)
         }
@@ -90,9 +90,10 @@ impl PyAgent {
     /// An agent named `name` on `device` (an IP address, an interface or an RDMA device
     /// name), listening for peers on `listen` ("ip:port"; port 0 picks one). `secret` is
     /// the job's: every peer must prove it, and packets are tagged with keys from it.
-    /// `transport`: "auto" (RDMA where it works, else TCP), "rdma" or "tcp".
+    /// `transport`: "auto" (RDMA where it works, else TCP), "rdma" or "tcp". With `etcd`
+    /// (an endpoint) the agent registers its name in job `job` and finds others by theirs.
     #[new]
-    #[pyo3(signature = (name, device, listen, secret=None, udp_port=4791, timeout=10.0, transport="auto"))]
+    #[pyo3(signature = (name, device, listen, secret=None, udp_port=4791, timeout=10.0, transport="auto", etcd=None, job="default"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -103,6 +104,8 @@ impl PyAgent {
         udp_port: u16,
         timeout: f64,
         transport: &str,
+        etcd: Option<&str>,
+        job: &str,
     ) -> PyResult<Self> {
         let dev = Device::from_arg(device).map_err(|e| invalid(e.to_string()))?;
         let listen: SocketAddr = listen
@@ -117,6 +120,7 @@ impl PyAgent {
             "tcp" => Transport::Tcp,
             t => return Err(invalid(format!("transport {t:?}: auto, rdma or tcp"))),
         };
+        cfg.registry = etcd.map(|e| Registry::new(e, job));
         let agent = py.detach(|| Agent::new(cfg)).map_err(|e| xerr(&e))?;
         Ok(Self {
             agent,
@@ -206,6 +210,17 @@ impl PyAgent {
             .parse()
             .map_err(|_| invalid(format!("address {address:?}: want ip:port")))?;
         py.detach(|| self.agent.connect(addr)).map_err(|e| xerr(&e))
+    }
+
+    /// Connects to the agent registered as `name` in the job (etcd); returns its name.
+    fn connect_name(&self, py: Python<'_>, name: &str) -> PyResult<String> {
+        py.detach(|| self.agent.connect_name(name))
+            .map_err(|e| xerr(&e))
+    }
+
+    /// The agents registered in the job now, by name.
+    fn registered(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        py.detach(|| self.agent.registered()).map_err(|e| xerr(&e))
     }
 
     /// The link peer `peer` is reached over: "rdma" or "tcp".

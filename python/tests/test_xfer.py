@@ -4,8 +4,11 @@ per-descriptor errors with nothing written outside the target, a peer without th
 refused, and the disaggregated prefill/decode example generating exactly the single-process
 tokens."""
 
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -119,3 +122,39 @@ def test_the_disaggregated_example_generates_exactly_the_single_process_tokens(t
     assert "4/4 requests generated exactly the single-process tokens" in r.stdout, r.stdout
     assert r.stdout.count("tokens equal") == 4, r.stdout
     assert f"over {transport}" in r.stdout, r.stdout
+
+
+def test_agents_meet_by_name_through_a_real_etcd():
+    etcd = shutil.which("etcd")
+    assert etcd, "etcd is needed: Debian's etcd-server (scripts/test.sh installs it)"
+    client, peer = free_port(), free_port()
+    with tempfile.TemporaryDirectory() as d:
+        url, purl = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
+        p = subprocess.Popen(
+            [etcd, "--name", "t", "--data-dir", d, "--listen-client-urls", url,
+             "--advertise-client-urls", url, "--listen-peer-urls", purl,
+             "--initial-advertise-peer-urls", purl, "--initial-cluster", f"t={purl}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            ep = f"127.0.0.1:{client}"
+            end = time.monotonic() + 20
+            while True:
+                try:
+                    decode = xfer.Agent("decode-e", "127.0.7.21", secret=SECRET, udp_port=0,
+                                        etcd=ep, job="py")
+                    break
+                except xfer.XferError:
+                    assert time.monotonic() < end, "etcd did not start"
+                    time.sleep(0.2)
+            prefill = xfer.Agent("prefill-e", "127.0.7.22", secret=SECRET, udp_port=0,
+                                 etcd=ep, job="py")
+            assert prefill.connect_name("decode-e") == "decode-e"
+            assert sorted(prefill.registered()) == ["decode-e", "prefill-e"]
+            with pytest.raises(InvalidArgumentError):
+                xfer.Agent("decode-e", "127.0.7.23", secret=SECRET, udp_port=0, etcd=ep, job="py")
+            del decode
+            with pytest.raises(PeerLostError, match="no agent named"):
+                prefill.connect_name("decode-e")
+        finally:
+            p.kill()
+            p.wait()

@@ -23,6 +23,33 @@ sizes=${RXEVM_SIZES:-"1 100 1024 4096 10000 65536"}
 mtus=${RXEVM_MTUS:-"1024 4096"}
 iters=${RXEVM_ITERS:-20}
 start=$(date +%s)
+# Under emulation the VM's virtio-net transmit queue sometimes stalls for good ("NETDEV
+# WATCHDOG" in the guest's console, more often on a loaded host): every later run then fails
+# or waits out its timeout. That is the emulator's, not a finding: a watcher stops the test
+# at once and runs it once more from the start, saying so.
+if [[ -z ${RXEVM_INNER:-} ]]; then
+  for attempt in 1 2; do
+    rm -f "$out"/vm-*.log
+    RXEVM_INNER=1 setsid "$0" "$@" &
+    inner=$!
+    stalled=
+    while kill -0 "$inner" 2>/dev/null; do
+      if [[ -z $stalled ]] && grep -qs "NETDEV WATCHDOG" "$out"/vm-*.log; then
+        stalled=$(grep -ls "NETDEV WATCHDOG" "$out"/vm-*.log | xargs -n1 basename | tr '\n' ' ')
+        kill -TERM -- "-$inner" 2>/dev/null || true
+      fi
+      sleep 2
+    done
+    rc=0; wait "$inner" || rc=$?
+    if [[ -n $stalled && $attempt == 1 ]]; then
+      echo "RERUN: the VM's virtio-net transmit queue stalled (NETDEV WATCHDOG in $stalled); the whole test once more"
+      continue
+    fi
+    [[ -z $stalled ]] || echo "FAIL: the VM's virtio-net transmit queue stalled again (in $stalled)"
+    exit "$rc"
+  done
+fi
+trap 'exit 143' TERM
 "$here/build.sh"
 "$here/net.sh" up 9000
 NS=${RXE_NETNS:-rxenet}
@@ -163,11 +190,6 @@ for r in "$@"; do split "$r"
 done
 VM
 } > "$out/perftest.sh"
-# The VM's NIC stalled for good (see below).
-stalled() { grep -q "NETDEV WATCHDOG" "$out/vm-g.log" 2>/dev/null; }
-killtree() { local c; for c in $(pgrep -P "$1"); do killtree "$c"; done; kill "$1" 2>/dev/null || true; }
-step_g() {
-rm -f "$out/vm-g.log"
 # (A script file: the commands are longer than a kernel command line may be.)
 "$here/run.sh" -M 9000 -T 600 -l "$out/vm-g.log" -b "$out/perftest.sh" -c "GITERS=$giters sh /bin/perftest.sh" > "$out/vm-g.txt" 2>&1 &
 vm=$!
@@ -234,26 +256,11 @@ one() { # role test mtu size flags [server]
   done
   echo "FAIL G host-$role $t m=$m s=$s ${f//,/ }: $o"; fail=1
 }
-for r in "${runs[@]}"; do stalled && break; read -r t m s f <<<"$r"; one client "$t" "$m" "$s" "$f" 10.77.0.2; done
-for r in "${runs[@]}"; do stalled && break; read -r t m s f <<<"$r"; one server "$t" "$m" "$s" "$f"; done
-stalled && { echo "FAIL G: the VM's NIC stalled (NETDEV WATCHDOG)"; fail=1; killtree $vm; }
+for r in "${runs[@]}"; do read -r t m s f <<<"$r"; one client "$t" "$m" "$s" "$f" 10.77.0.2; done
+for r in "${runs[@]}"; do read -r t m s f <<<"$r"; one server "$t" "$m" "$s" "$f"; done
 wait $vm || { echo "FAIL G: VM side"; grep -vE "^\[" "$out/vm-g.txt" | tail -20; fail=1; }
 echo "  vm: $(grep -c '^RUN' "$out/vm-g.txt") perftest runs; their rows:"
 grep -A1 "#bytes" "$out/vm-g.txt" | grep -vE "#bytes|^--" | sed 's/^/  vm: /'
-}
-# Under emulation the VM's virtio-net transmit queue has been seen to stall for good
-# ("NETDEV WATCHDOG" in its console): every later run of the step then fails. That is the
-# emulator's, not a finding: the whole step runs once more in a fresh VM, logged.
-for attempt in 1 2; do
-  ( fail=0; step_g; exit $fail ) > "$out/g.txt" 2>&1 && gok=1 || gok=0
-  if [[ $gok == 0 && $attempt == 1 ]] && grep -q "NETDEV WATCHDOG" "$out/vm-g.log"; then
-    echo "RETRY G: the VM's virtio-net transmit queue stalled (NETDEV WATCHDOG); its runs until then:"
-    grep -E "^(PASS|FAIL|RETRY) G" "$out/g.txt" | tail -3 | sed 's/^/  first attempt: /'
-    continue
-  fi
-  cat "$out/g.txt"; [[ $gok == 1 ]] || fail=1
-  break
-done
 
 # Let tcpdump drain, then stop it.
 prev=-1; while [[ $(stat -c %s "$pcap") != "$prev" ]]; do prev=$(stat -c %s "$pcap"); sleep 1; done

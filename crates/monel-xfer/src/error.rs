@@ -28,6 +28,8 @@ pub enum XferError {
     /// The peer's path failed (its queue pair, connection or process); what was in flight
     /// to it did not complete.
     PeerLost(String),
+    /// No agent of this name is registered in the job.
+    UnknownPeer(String),
     /// No batch of this number (never made, or ended and already waited for).
     UnknownBatch(u32),
     /// The transport failed (a verb, a socket); the text says which.
@@ -60,6 +62,7 @@ impl fmt::Display for XferError {
             Self::Duplicate(n) => write!(f, "a segment named {n:?} exists already"),
             Self::BadMessage(why) => write!(f, "bad message from the peer: {why}"),
             Self::PeerLost(why) => write!(f, "peer lost: {why}"),
+            Self::UnknownPeer(n) => write!(f, "no agent named {n:?} is registered"),
             Self::UnknownBatch(id) => write!(f, "no batch {id} (or it ended and was waited for)"),
             Self::Transport(why) => write!(f, "transport: {why}"),
             Self::Timeout(why) => write!(f, "timed out: {why}"),

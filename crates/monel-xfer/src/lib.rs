@@ -12,7 +12,8 @@
 //!   every count bounded before allocation;
 //! - [`stream`]: the TCP transport's opening, proofs and frames;
 //!
-//! and its I/O edge, [`agent`]: an agent that reaches each peer over RDMA (Monel's verbs: the
+//! and its I/O edges: [`registry`], where agents of a job find each other by name (etcd);
+//! [`agent`]: an agent that reaches each peer over RDMA (Monel's verbs: the
 //! soft RNIC, or a kernel RDMA device; one authenticated RC queue pair) or, where RDMA does
 //! not work, over one authenticated TCP connection.
 //!
@@ -22,6 +23,7 @@ pub mod agent;
 pub mod batch;
 pub mod error;
 pub mod notify;
+pub mod registry;
 pub mod segment;
 pub mod stream;
 pub mod wire;
@@ -30,5 +32,6 @@ pub use agent::{Agent, AgentConfig, BatchId, Transport};
 pub use batch::{Batch, Desc, DescState, Op, Plan, Slice};
 pub use error::{Result, XferError};
 pub use notify::{Inbox, Notification, Outbox};
+pub use registry::Registry;
 pub use segment::{Buffer, Location, Segment, SegmentTable};
 pub use wire::Msg;

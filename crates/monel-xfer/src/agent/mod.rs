@@ -37,6 +37,7 @@ use monel_verbs::{
 use crate::batch::{Batch, Desc, DescState, Plan};
 use crate::error::{Result, XferError};
 use crate::notify::{Inbox, Notification, Outbox};
+use crate::registry::Registry;
 use crate::segment::{Buffer, Segment, SegmentTable};
 use crate::wire::Msg;
 
@@ -98,6 +99,9 @@ pub struct AgentConfig {
     pub udp_port: u16,
     /// The links [`Agent::connect`] opens and the listener accepts.
     pub transport: Transport,
+    /// Where the agent registers its name and finds others by theirs (etcd); `None`: peers
+    /// meet by address only.
+    pub registry: Option<Registry>,
 }
 
 impl AgentConfig {
@@ -119,6 +123,7 @@ impl AgentConfig {
             timeout: Duration::from_secs(10),
             udp_port: ContextConfig::default().udp_port,
             transport: Transport::Auto,
+            registry: None,
         }
     }
 }
@@ -240,6 +245,8 @@ pub struct Agent {
     shared: Arc<Shared>,
     addr: SocketAddr,
     threads: Vec<JoinHandle<()>>,
+    /// The registry lease its name is held under.
+    lease: Option<i64>,
 }
 
 fn verbs(e: VerbsError) -> XferError {
@@ -266,6 +273,22 @@ impl Agent {
         let cq = ctx.create_cq(CQ_DEPTH).map_err(verbs)?;
         let listener = TcpListener::bind(cfg.listen).map_err(io)?;
         let addr = listener.local_addr().map_err(io)?;
+        let lease = match &cfg.registry {
+            None => None,
+            Some(r) => {
+                if addr.ip().is_unspecified() {
+                    return Err(XferError::Transport(format!(
+                        "listening on {addr}: give a specific address to register it"
+                    )));
+                }
+                let lease = r.grant()?;
+                if let Err(e) = r.claim(&cfg.name, addr, lease) {
+                    let _ = r.revoke(lease);
+                    return Err(e);
+                }
+                Some(lease)
+            }
+        };
         let shared = Arc::new(Shared {
             name: cfg.name.clone(),
             cfg,
@@ -288,7 +311,7 @@ impl Agent {
         });
         let s1 = shared.clone();
         let s2 = shared.clone();
-        let threads = vec![
+        let mut threads = vec![
             std::thread::Builder::new()
                 .name(format!("xfer-accept-{}", shared.name))
                 .spawn(move || accept_loop(&s1, listener))
@@ -298,11 +321,59 @@ impl Agent {
                 .spawn(move || progress_loop(&s2))
                 .map_err(|e| XferError::Transport(e.to_string()))?,
         ];
+        if let (Some(id), Some(r)) = (lease, shared.cfg.registry.clone()) {
+            let s3 = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("xfer-lease-{}", shared.name))
+                    .spawn(move || keep_lease(&s3, &r, id))
+                    .map_err(|e| XferError::Transport(e.to_string()))?,
+            );
+        }
         Ok(Self {
             shared,
             addr,
             threads,
+            lease,
         })
+    }
+
+    /// Connects to the agent registered as `name` in the job ([`AgentConfig::registry`]);
+    /// the agent found must introduce itself by that name.
+    pub fn connect_name(&self, name: &str) -> Result<String> {
+        let r = self.shared.cfg.registry.as_ref().ok_or_else(|| {
+            XferError::Transport("no registry configured: connect by address".into())
+        })?;
+        let addr = r
+            .lookup(name)?
+            .ok_or_else(|| XferError::UnknownPeer(name.to_string()))?;
+        let got = self.connect(addr)?;
+        if got != name {
+            let mut st = self.shared.state();
+            if let Ok(i) = find_peer(&st, &got) {
+                st.peers[i]
+                    .lost
+                    .get_or_insert(XferError::PeerLost(format!("{got} was found as {name}")));
+                if let Link::Tcp(t) = &st.peers[i].link {
+                    t.close();
+                }
+            }
+            return Err(XferError::BadMessage(format!(
+                "the agent registered as {name:?} at {addr} says it is {got:?}"
+            )));
+        }
+        Ok(got)
+    }
+
+    /// The agents registered in the job now (this one included), by name.
+    pub fn registered(&self) -> Result<Vec<String>> {
+        let r = self
+            .shared
+            .cfg
+            .registry
+            .as_ref()
+            .ok_or_else(|| XferError::Transport("no registry configured".into()))?;
+        Ok(r.agents()?.into_iter().map(|(n, _)| n).collect())
     }
 
     /// This agent's name.
@@ -606,6 +677,10 @@ impl Drop for Agent {
         // What was sent (the last notifications) reaches the peers before the agent goes.
         let _ = self.flush(self.shared.cfg.timeout);
         self.shared.stop.store(true, Ordering::Release);
+        // Its name goes from the registry at once (a dead agent's, when its lease ends).
+        if let (Some(id), Some(r)) = (self.lease, &self.shared.cfg.registry) {
+            let _ = r.revoke(id);
+        }
         // TCP links' threads end when their connection does.
         for p in &self.shared.state().peers {
             if let Link::Tcp(t) = &p.link {
@@ -924,6 +999,23 @@ fn wait<'a>(s: &'a Shared, st: MutexGuard<'a, State>, left: Duration) -> MutexGu
         .wait_timeout(st, left.min(Duration::from_millis(100)))
         .unwrap_or_else(PoisonError::into_inner)
         .0
+}
+
+/// Keeps the registry lease `id` alive (a third of its time-to-live apart) until the agent
+/// stops.
+fn keep_lease(s: &Shared, r: &Registry, id: i64) {
+    let every = (r.ttl / 3).max(Duration::from_millis(500));
+    let mut next = Instant::now() + every;
+    while !s.stop.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(100));
+        if Instant::now() < next {
+            continue;
+        }
+        if let Err(e) = r.keep_alive(id) {
+            tracing::warn!(target: "monel::xfer", "{}: registry lease: {e}", s.name);
+        }
+        next = Instant::now() + every;
+    }
 }
 
 /// Handshakes under way at most (each on a thread of its own); more connections wait.
