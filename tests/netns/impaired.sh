@@ -133,26 +133,28 @@ grep -h 'blocked' "$out/blocked0.out" "$out/blocked1.out"
 switch_stop
 
 # 5. Disaggregated serving (examples/kv_disagg.py): prefill in mnl-a WRITEs each request's
-#    KV blocks into decode's cache in mnl-b through the transfer engine, over a clean path
-#    and then across loss and reordering; the tokens must equal single-process generation.
+#    KV blocks into decode's cache in mnl-b through the transfer engine, over RDMA (the soft
+#    RNIC) and over TCP on a clean path, then over RDMA across loss and reordering (the
+#    switch impairs UDP only); the tokens must equal single-process generation.
 py=${MONEL_PY:-$here/../../target/py-venv/bin/python}
 "$py" -c "import monel.xfer, torch" || fail "$py has no monel package with torch (run scripts/test.sh first, or set MONEL_PY)"
 example=$here/../../examples/kv_disagg.py
 secret=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-for path in clean impaired; do
+for run in clean:rdma clean:tcp impaired:rdma; do
+  path=${run%:*} link=${run#*:}
   if [[ $path == clean ]]; then switch_start; else
     switch_start --loss 0.01 --reorder 0.01 --reorder-us 100 --duplicate 0.005 --delay-us 50 --seed 15
   fi
   ip netns exec mnl-b env MONEL_SECRET="$secret" timeout 300 "$py" "$example" --role decode --ip $B \
-    >"$out/kv-$path.srv.out" 2>&1 &
+    --transport "$link" >"$out/kv-$path-$link.srv.out" 2>&1 &
   dpid=$!
   ip netns exec mnl-a env MONEL_SECRET="$secret" timeout 300 "$py" "$example" --role prefill --ip $A \
-    --peer $B >"$out/kv-$path.cli.out" 2>&1 || fail "kv_disagg prefill ($path path)"
-  wait $dpid || fail "kv_disagg decode ($path path)"
+    --peer $B --transport "$link" >"$out/kv-$path-$link.cli.out" 2>&1 || fail "kv_disagg prefill ($path path, $link)"
+  wait $dpid || fail "kv_disagg decode ($path path, $link)"
   switch_stop >/dev/null
-  grep -q "8/8 requests generated exactly the single-process tokens" "$out/kv-$path.srv.out" ||
-    fail "kv_disagg ($path path): tokens differ"
-  echo "kv_disagg, $path path: $(tail -1 "$out/kv-$path.srv.out")"
+  grep -q "8/8 requests generated exactly the single-process tokens" "$out/kv-$path-$link.srv.out" ||
+    fail "kv_disagg ($path path, $link): tokens differ"
+  echo "kv_disagg, $path path, $link: $(tail -1 "$out/kv-$path-$link.srv.out")"
 done
 
 echo "impaired-path tests passed in $((SECONDS - start)) s"

@@ -270,6 +270,64 @@ impl Frame {
     }
 }
 
+/// The fixed fields of a frame that carries bytes, read before its bytes (so that a reader
+/// can take the bytes straight into a buffer of its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Head {
+    /// A put's: its tag, key and address.
+    Put {
+        /// Names the operation in its ack.
+        tag: u64,
+        /// The target's registration.
+        key: u32,
+        /// Where.
+        addr: u64,
+    },
+    /// A data frame's: its tag and status.
+    Data {
+        /// The get's tag.
+        tag: u64,
+        /// [`OK`] or [`ACCESS_ERROR`].
+        status: u8,
+    },
+}
+
+impl Head {
+    /// How many bytes of fixed fields a frame of kind `kind` has before its data, if it
+    /// carries data.
+    pub fn len(kind: u8) -> Option<usize> {
+        match kind {
+            2 => Some(20),
+            5 => Some(9),
+            _ => None,
+        }
+    }
+
+    /// The fixed fields of a frame of kind `kind` (whose [`Self::len`] is `b.len()`).
+    pub fn parse(kind: u8, b: &[u8]) -> Result<Self> {
+        let short = || XferError::BadMessage(format!("a frame of kind {kind} is too short"));
+        let u64_at = |o: usize| -> Result<u64> {
+            Ok(u64::from_be_bytes(
+                b.get(o..o + 8).ok_or_else(short)?.try_into().expect("8"),
+            ))
+        };
+        match kind {
+            2 => Ok(Self::Put {
+                tag: u64_at(0)?,
+                key: u32::from_be_bytes(b.get(8..12).ok_or_else(short)?.try_into().expect("4")),
+                addr: u64_at(12)?,
+            }),
+            5 => Ok(Self::Data {
+                tag: u64_at(0)?,
+                status: *b.get(8).ok_or_else(short)?,
+            }),
+            k => Err(XferError::BadMessage(format!(
+                "a frame of kind {k} carries no data"
+            ))),
+        }
+    }
+}
+
 /// The proof a side of a TCP connection gives: over both nonces, named by its role
 /// ("client" or "server"); zeros without a secret.
 pub fn proof(secret: Option<&[u8]>, role: &str, ns: &[u8], nc: &[u8]) -> [u8; 32] {

@@ -20,7 +20,7 @@ use monel_verbs::auth::nonce;
 use super::{Link, Local, MSG_MAX, Shared, apply, end_slice, io, next_peer, pump, push_peer};
 use crate::batch::{Op, Slice};
 use crate::error::{Result, XferError};
-use crate::stream::{self, ACCESS_ERROR, Frame, HEADER, OK, OPEN_TCP};
+use crate::stream::{self, ACCESS_ERROR, Frame, HEADER, Head, OK, OPEN_TCP};
 use crate::wire::Msg;
 
 /// Slices in flight to one TCP peer.
@@ -272,6 +272,8 @@ fn write_loop(
 
 fn read_loop(s: &Weak<Shared>, i: usize, c: TcpStream) {
     let mut r = BufReader::with_capacity(BUF, c);
+    // A put's or a data frame's bytes land here, one frame after another.
+    let mut data = Vec::new();
     let err = loop {
         let mut h = [0u8; HEADER];
         if let Err(e) = r.read_exact(&mut h) {
@@ -281,6 +283,32 @@ fn read_loop(s: &Weak<Shared>, i: usize, c: TcpStream) {
             Ok(n) => n,
             Err(e) => break e,
         };
+        if let Some(fixed) = Head::len(h[4]) {
+            if body < fixed || body - fixed > stream::MAX_DATA {
+                break XferError::BadMessage(format!("a frame of kind {} of {body} bytes", h[4]));
+            }
+            let mut f = [0u8; 20];
+            data.resize(body - fixed, 0);
+            let read = r
+                .read_exact(&mut f[..fixed])
+                .and_then(|()| r.read_exact(&mut data));
+            if let Err(e) = read {
+                break XferError::PeerLost(format!("its connection: {e}"));
+            }
+            let head = match Head::parse(h[4], &f[..fixed]) {
+                Ok(head) => head,
+                Err(e) => break e,
+            };
+            let Some(shared) = s.upgrade() else { return };
+            let done = match head {
+                Head::Put { tag, key, addr } => on_put(&shared, i, tag, key, addr, &data),
+                Head::Data { tag, status } => on_data(&shared, i, tag, status, &data),
+            };
+            if let Err(e) = done {
+                break e;
+            }
+            continue;
+        }
         let mut b = vec![0u8; body];
         if let Err(e) = r.read_exact(&mut b) {
             break XferError::PeerLost(format!("its connection: {e}"));
@@ -331,16 +359,7 @@ fn on_frame(s: &Shared, i: usize, f: Frame) -> Result<()> {
             key,
             addr,
             data,
-        } => {
-            let status = {
-                let st = s.state();
-                match region(&st.local, key, true, addr, data.len()) {
-                    Some((mr, off)) if mr.write(off, &data).is_ok() => OK,
-                    _ => ACCESS_ERROR,
-                }
-            };
-            reply(s, i, Frame::Ack { tag, status })?;
-        }
+        } => return on_put(s, i, tag, key, addr, &data),
         Frame::Get {
             tag,
             key,
@@ -370,32 +389,51 @@ fn on_frame(s: &Shared, i: usize, f: Frame) -> Result<()> {
             end_slice(&mut st, i, tag, r);
             pump(&mut st);
         }
-        Frame::Data { tag, status, data } => {
-            let mut st = s.state();
-            let Link::Tcp(t) = &mut st.peers[i].link else {
-                return Ok(());
-            };
-            let (key, addr, len) = t
-                .reads
-                .remove(&tag)
-                .ok_or_else(|| XferError::BadMessage(format!("data for no read ({tag:#x})")))?;
-            let r = if status != OK {
-                Err(remote_access())
-            } else if data.len() != len as usize {
-                return Err(XferError::BadMessage(format!(
-                    "{} bytes for a read of {len}",
-                    data.len()
-                )));
-            } else {
-                match region(&st.local, key, false, addr, data.len()) {
-                    Some((mr, off)) => mr.write(off, &data).map_err(super::verbs),
-                    None => Err(XferError::Transport("the local segment is gone".into())),
-                }
-            };
-            end_slice(&mut st, i, tag, r);
-            pump(&mut st);
-        }
+        Frame::Data { tag, status, data } => return on_data(s, i, tag, status, &data),
     }
+    s.changed.notify_all();
+    Ok(())
+}
+
+/// A put from peer `i`: `data` written at `addr` of the registration `key`, if it lies
+/// inside one this agent published; the peer is told how it went.
+fn on_put(s: &Shared, i: usize, tag: u64, key: u32, addr: u64, data: &[u8]) -> Result<()> {
+    let status = {
+        let st = s.state();
+        match region(&st.local, key, true, addr, data.len()) {
+            Some((mr, off)) if mr.write(off, data).is_ok() => OK,
+            _ => ACCESS_ERROR,
+        }
+    };
+    reply(s, i, Frame::Ack { tag, status })
+}
+
+/// The answer to a read of ours from peer `i`: its bytes land where the read asked.
+fn on_data(s: &Shared, i: usize, tag: u64, status: u8, data: &[u8]) -> Result<()> {
+    let mut st = s.state();
+    let Link::Tcp(t) = &mut st.peers[i].link else {
+        return Ok(());
+    };
+    let (key, addr, len) = t
+        .reads
+        .remove(&tag)
+        .ok_or_else(|| XferError::BadMessage(format!("data for no read ({tag:#x})")))?;
+    let r = if status != OK {
+        Err(remote_access())
+    } else if data.len() != len as usize {
+        return Err(XferError::BadMessage(format!(
+            "{} bytes for a read of {len}",
+            data.len()
+        )));
+    } else {
+        match region(&st.local, key, false, addr, data.len()) {
+            Some((mr, off)) => mr.write(off, data).map_err(super::verbs),
+            None => Err(XferError::Transport("the local segment is gone".into())),
+        }
+    };
+    end_slice(&mut st, i, tag, r);
+    pump(&mut st);
+    drop(st);
     s.changed.notify_all();
     Ok(())
 }
