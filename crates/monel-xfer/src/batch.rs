@@ -228,6 +228,11 @@ impl Batch {
         Ok(b)
     }
 
+    /// How many lanes its slices are spread over.
+    pub fn lanes(&self) -> usize {
+        self.queues.len()
+    }
+
     /// The next slice to post on `lane`, if any (slices of failed descriptors are dropped).
     pub fn take(&mut self, lane: usize) -> Option<Slice> {
         while let Some(id) = self.queues.get_mut(lane)?.pop_front() {

@@ -49,6 +49,13 @@ fn tcp_peers_move_exact_bytes_and_the_notification_follows_the_data() {
     decode.write_local("kv", 0, &kv).unwrap();
     assert_eq!(prefill.connect(decode.address()).unwrap(), "decode-t");
     assert_eq!(prefill.transport("decode-t").unwrap(), "tcp");
+    // Two connections, slices spread over both; the target sees both too.
+    assert_eq!(prefill.lanes("decode-t").unwrap(), 2);
+    let t0 = Instant::now();
+    while decode.lanes("prefill-t").unwrap_or(0) != 2 {
+        assert!(t0.elapsed() < T, "the target never saw the second lane");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     // 9 MiB WRITE (sliced), 100 small contiguous WRITEs (merged), a 5 MiB READ.
     let mut descs = vec![desc(Op::Write, "blocks", 0, "kv", 1 << 20, 9 << 20)];
     descs.extend((0..100u64).map(|k| {

@@ -152,8 +152,8 @@ enum Link {
         tx: MemoryRegion,
         tx_free: Vec<usize>,
     },
-    /// A TCP connection.
-    Tcp(tcp::TcpLink),
+    /// TCP connections.
+    Tcp(tcp::Lanes),
 }
 
 impl Link {
@@ -483,14 +483,22 @@ impl Agent {
     }
 
     fn connect_tcp(&self, addr: SocketAddr) -> Result<String> {
-        let stream = dial(addr, self.shared.cfg.timeout)?;
-        let stream = tcp::open(
-            stream,
-            self.shared.cfg.secret.as_deref(),
-            self.shared.cfg.timeout,
-        )?;
-        let i = tcp::add_peer(&self.shared, stream)?;
-        self.introduced(i, addr)
+        let (secret, timeout) = (self.shared.cfg.secret.as_deref(), self.shared.cfg.timeout);
+        let token = tcp::token();
+        let stream = tcp::open(dial(addr, timeout)?, secret, timeout, &token, 0)?;
+        let i = tcp::add_peer(&self.shared, stream, token)?;
+        let name = self.introduced(i, addr)?;
+        // More lanes, once the peer knows the first.
+        for lane in 1..tcp::LANES as u8 {
+            let added = dial(addr, timeout)
+                .and_then(|c| tcp::open(c, secret, timeout, &token, lane))
+                .and_then(|c| tcp::attach(&self.shared, i, c, lane));
+            if let Err(e) = added {
+                tracing::info!(target: "monel::xfer", "{}: TCP lane {lane} to {name}: {e}", self.shared.name);
+                break;
+            }
+        }
+        Ok(name)
     }
 
     /// Waits until peer `i` introduced itself and published its table; returns its name.
@@ -531,6 +539,17 @@ impl Agent {
         Ok(st.peers[i].link.name())
     }
 
+    /// The lanes slices to peer `peer` spread over: 1 on RDMA (one queue pair), the TCP
+    /// connections over TCP.
+    pub fn lanes(&self, peer: &str) -> Result<usize> {
+        let st = self.shared.state();
+        let i = find_peer(&st, peer)?;
+        Ok(match &st.peers[i].link {
+            Link::Rdma { .. } => 1,
+            Link::Tcp(t) => t.lanes.len(),
+        })
+    }
+
     /// The peers that introduced themselves, and are not lost.
     pub fn peers(&self) -> Vec<String> {
         let st = self.shared.state();
@@ -566,8 +585,9 @@ impl Agent {
             lanes: 1,
             ..self.shared.cfg.plan
         };
-        if let Link::Tcp(_) = st.peers[i].link {
+        if let Link::Tcp(t) = &st.peers[i].link {
             plan.slice = plan.slice.min(crate::stream::MAX_DATA as u64);
+            plan.lanes = t.lanes.len();
         }
         let batch = Batch::plan(
             descs,
@@ -917,22 +937,32 @@ fn pump(st: &mut State) {
     for (&id, e) in batches.iter_mut() {
         let p = &mut peers[e.peer];
         if let Some(err) = &p.lost {
-            e.batch.fail_lane(0, err);
+            for lane in 0..e.batch.lanes() {
+                e.batch.fail_lane(lane, err);
+            }
         }
-        let depth = match p.link {
-            Link::Rdma { .. } => SQ_DEPTH,
-            Link::Tcp(_) => tcp::DEPTH,
-        };
-        while p.lost.is_none() && p.in_flight < depth {
-            let Some(sl) = e.batch.take(0) else { break };
-            let tag = WR_SLICE | u64::from(id) << 32 | sl.id as u64;
-            let posted = match &mut p.link {
-                Link::Rdma { qp, .. } => post_slice(qp, tag, &sl),
-                Link::Tcp(t) => t.post_slice(tag, &sl, local),
-            };
-            match posted {
-                Ok(()) => p.in_flight += 1,
-                Err(err) => e.batch.complete(sl.id, Err(err)),
+        match &mut p.link {
+            Link::Rdma { qp, .. } => {
+                while p.lost.is_none() && p.in_flight < SQ_DEPTH {
+                    let Some(sl) = e.batch.take(0) else { break };
+                    let tag = WR_SLICE | u64::from(id) << 32 | sl.id as u64;
+                    match post_slice(qp, tag, &sl) {
+                        Ok(()) => p.in_flight += 1,
+                        Err(err) => e.batch.complete(sl.id, Err(err)),
+                    }
+                }
+            }
+            Link::Tcp(t) => {
+                for (lane, l) in t.lanes.iter_mut().enumerate() {
+                    while p.lost.is_none() && l.in_flight < tcp::DEPTH {
+                        let Some(sl) = e.batch.take(lane) else { break };
+                        let tag = WR_SLICE | u64::from(id) << 32 | sl.id as u64;
+                        match l.post_slice(tag, &sl, local) {
+                            Ok(()) => l.in_flight += 1,
+                            Err(err) => e.batch.complete(sl.id, Err(err)),
+                        }
+                    }
+                }
             }
         }
         if !e.notified && e.batch.is_finished() {
@@ -1076,8 +1106,12 @@ fn take_peer(s: &Arc<Shared>, c: TcpStream, open: &[u8; 8]) -> Result<usize> {
         cm::accept_stream(c, &qp, None, &cm_config(&s.cfg)).map_err(verbs)?;
         add_rdma_peer(s, qp)
     } else if open == crate::stream::OPEN_TCP {
-        let c = tcp::accept(c, s.cfg.secret.as_deref(), s.cfg.timeout)?;
-        tcp::add_peer(s, c)
+        let (c, token, lane) = tcp::accept(c, s.cfg.secret.as_deref(), s.cfg.timeout)?;
+        if lane == 0 {
+            tcp::add_peer(s, c, token)
+        } else {
+            tcp::add_lane(s, c, token, lane)
+        }
     } else {
         Err(XferError::BadMessage(
             "not a transfer agent's connection".into(),

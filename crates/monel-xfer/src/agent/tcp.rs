@@ -23,15 +23,44 @@ use crate::error::{Result, XferError};
 use crate::stream::{self, ACCESS_ERROR, Frame, HEADER, Head, OK, OPEN_TCP};
 use crate::wire::Msg;
 
-/// Slices in flight to one TCP peer.
+/// Slices in flight on one TCP connection.
 pub(super) const DEPTH: u32 = 16;
+/// Connections an agent opens to a TCP peer: the first carries the agents' messages, and
+/// each carries slices, so that several threads on each side copy bytes at once.
+pub(super) const LANES: usize = 2;
 /// Bytes queued for one peer's connection at most (its writes, and its answers to the
 /// peer's reads); a peer that does not take them is cut off.
 const MAX_PENDING: usize = 256 << 20;
 /// The socket buffers on each side.
 const BUF: usize = 256 << 10;
 
-/// A peer's TCP connection, as the agent's state holds it.
+/// A peer's TCP connections (lanes), as the agent's state holds them; lane 0 carries the
+/// agents' messages. `token` names the peer when the client adds a lane.
+pub(super) struct Lanes {
+    pub(super) lanes: Vec<TcpLink>,
+    pub(super) token: [u8; 16],
+}
+
+impl Lanes {
+    /// Queues a message frame on lane 0.
+    pub(super) fn send(&self, f: Frame) -> Result<()> {
+        self.lanes[0].send(f)
+    }
+
+    /// Whether everything queued on every lane went out.
+    pub(super) fn flushed(&self) -> bool {
+        self.lanes.iter().all(TcpLink::flushed)
+    }
+
+    /// Ends every connection.
+    pub(super) fn close(&self) {
+        for l in &self.lanes {
+            l.close();
+        }
+    }
+}
+
+/// One TCP connection of a peer.
 pub(super) struct TcpLink {
     out: Sender<Frame>,
     /// Bytes handed to the writer and not yet written.
@@ -40,6 +69,8 @@ pub(super) struct TcpLink {
     dirty: Arc<AtomicBool>,
     /// Reads in flight: tag -> where their bytes land (local key, address, length).
     reads: HashMap<u64, (u32, u64, u32)>,
+    /// Slices posted on it and not yet answered.
+    pub(super) in_flight: u32,
     stream: TcpStream,
 }
 
@@ -120,12 +151,14 @@ fn region(
     (off.checked_add(len)? <= mr.len()).then_some((mr, off))
 }
 
-/// The client's side of a new TCP link on `c`: says which link it opens, proves the job
-/// secret and checks the server's proof.
+/// The client's side of a new TCP connection on `c`: says which link it opens, proves the
+/// job secret, checks the server's proof, then names the peer (`token`) and the lane.
 pub(super) fn open(
     mut c: TcpStream,
     secret: Option<&[u8]>,
     timeout: Duration,
+    token: &[u8; 16],
+    lane: u8,
 ) -> Result<TcpStream> {
     c.set_read_timeout(Some(timeout)).map_err(io)?;
     c.write_all(OPEN_TCP).map_err(io)?;
@@ -153,17 +186,21 @@ pub(super) fn open(
             "the peer did not prove the job secret".into(),
         ));
     }
+    let mut join = token.to_vec();
+    join.push(lane);
+    c.write_all(&join).map_err(io)?;
     c.set_read_timeout(None).map_err(io)?;
     Ok(c)
 }
 
-/// The server's side of a new TCP link on `c` (its opening already read): checks the
-/// client's proof of the job secret and gives its own.
+/// The server's side of a new TCP connection on `c` (its opening already read): checks the
+/// client's proof of the job secret and gives its own; returns the connection with the
+/// peer's token and the lane it is.
 pub(super) fn accept(
     mut c: TcpStream,
     secret: Option<&[u8]>,
     timeout: Duration,
-) -> Result<TcpStream> {
+) -> Result<(TcpStream, [u8; 16], u8)> {
     c.set_read_timeout(Some(timeout)).map_err(io)?;
     c.set_nodelay(true).map_err(io)?;
     let ns = nonce();
@@ -182,38 +219,97 @@ pub(super) fn accept(
     let mut rep = vec![OK];
     rep.extend_from_slice(&stream::proof(secret, "server", &ns, nc));
     c.write_all(&rep).map_err(io)?;
+    let mut join = [0u8; 17];
+    c.read_exact(&mut join).map_err(io)?;
     c.set_read_timeout(None).map_err(io)?;
-    Ok(c)
+    let token: [u8; 16] = join[..16].try_into().expect("16");
+    Ok((c, token, join[16]))
 }
 
-/// Takes an authenticated connection in as a peer: starts its threads, introduces this
-/// agent and publishes its segments.
-pub(super) fn add_peer(s: &Arc<Shared>, c: TcpStream) -> Result<usize> {
+/// A fresh token naming a peer's connections.
+pub(super) fn token() -> [u8; 16] {
+    nonce()
+}
+
+/// Starts a connection's threads (for lane `lane` of peer `i`) and returns its half that
+/// the agent's state holds.
+fn start(s: &Arc<Shared>, i: usize, lane: usize, c: TcpStream) -> Result<TcpLink> {
     let reader = c.try_clone().map_err(io)?;
     let writer = c.try_clone().map_err(io)?;
     let (tx, rx) = mpsc::channel();
     let pending = Arc::new(AtomicUsize::new(0));
     let dirty = Arc::new(AtomicBool::new(false));
-    let mut st = s.state();
-    let i = next_peer(&st)?;
     let (w1, w2) = (Arc::downgrade(s), Arc::downgrade(s));
     let (p2, d2) = (pending.clone(), dirty.clone());
     std::thread::Builder::new()
-        .name(format!("xfer-tcp-w-{i}"))
+        .name(format!("xfer-tcp-w-{i}.{lane}"))
         .spawn(move || write_loop(&w1, i, writer, &rx, &p2, &d2))
         .map_err(io)?;
     std::thread::Builder::new()
-        .name(format!("xfer-tcp-r-{i}"))
-        .spawn(move || read_loop(&w2, i, reader))
+        .name(format!("xfer-tcp-r-{i}.{lane}"))
+        .spawn(move || read_loop(&w2, i, lane, reader))
         .map_err(io)?;
-    let link = TcpLink {
+    Ok(TcpLink {
         out: tx,
         pending,
         dirty,
         reads: HashMap::new(),
+        in_flight: 0,
         stream: c,
+    })
+}
+
+/// Takes an authenticated connection in as a new peer's lane 0: starts its threads,
+/// introduces this agent and publishes its segments.
+pub(super) fn add_peer(s: &Arc<Shared>, c: TcpStream, token: [u8; 16]) -> Result<usize> {
+    let mut st = s.state();
+    let i = next_peer(&st)?;
+    if st
+        .peers
+        .iter()
+        .any(|p| matches!(&p.link, Link::Tcp(l) if l.token == token))
+    {
+        return Err(XferError::BadMessage("a peer's token used again".into()));
+    }
+    let lane = start(s, i, 0, c)?;
+    let link = Lanes {
+        lanes: vec![lane],
+        token,
     };
     push_peer(s, &mut st, Link::Tcp(link))
+}
+
+/// Adds an authenticated connection as lane `lane` of the live peer whose lane 0 came with
+/// `token`.
+pub(super) fn add_lane(s: &Arc<Shared>, c: TcpStream, token: [u8; 16], lane: u8) -> Result<usize> {
+    let i = s
+        .state()
+        .peers
+        .iter()
+        .position(|p| p.lost.is_none() && matches!(&p.link, Link::Tcp(l) if l.token == token))
+        .ok_or_else(|| XferError::BadMessage("a lane for no peer".into()))?;
+    attach(s, i, c, lane)
+}
+
+/// Adds connection `c` as lane `lane` of peer `i` (the next lane it lacks).
+pub(super) fn attach(s: &Arc<Shared>, i: usize, c: TcpStream, lane: u8) -> Result<usize> {
+    let mut st = s.state();
+    let Link::Tcp(l) = &st.peers[i].link else {
+        return Err(XferError::BadMessage("a TCP lane for an RDMA peer".into()));
+    };
+    if usize::from(lane) != l.lanes.len() || l.lanes.len() >= LANES {
+        return Err(XferError::BadMessage(format!(
+            "lane {lane} of a peer with {} (at most {LANES})",
+            l.lanes.len()
+        )));
+    }
+    let link = start(s, i, usize::from(lane), c)?;
+    if let Link::Tcp(l) = &mut st.peers[i].link {
+        l.lanes.push(link);
+    }
+    drop(st);
+    s.changed.notify_all();
+    Ok(i)
 }
 
 /// Marks peer `i` lost with `err` (its batches' slices fail) and wakes waiters.
@@ -270,7 +366,7 @@ fn write_loop(
     }
 }
 
-fn read_loop(s: &Weak<Shared>, i: usize, c: TcpStream) {
+fn read_loop(s: &Weak<Shared>, i: usize, lane: usize, c: TcpStream) {
     let mut r = BufReader::with_capacity(BUF, c);
     // A put's or a data frame's bytes land here, one frame after another.
     let mut data = Vec::new();
@@ -301,8 +397,8 @@ fn read_loop(s: &Weak<Shared>, i: usize, c: TcpStream) {
             };
             let Some(shared) = s.upgrade() else { return };
             let done = match head {
-                Head::Put { tag, key, addr } => on_put(&shared, i, tag, key, addr, &data),
-                Head::Data { tag, status } => on_data(&shared, i, tag, status, &data),
+                Head::Put { tag, key, addr } => on_put(&shared, i, lane, tag, key, addr, &data),
+                Head::Data { tag, status } => on_data(&shared, i, lane, tag, status, &data),
             };
             if let Err(e) = done {
                 break e;
@@ -318,7 +414,7 @@ fn read_loop(s: &Weak<Shared>, i: usize, c: TcpStream) {
             Err(e) => break e,
         };
         let Some(shared) = s.upgrade() else { return };
-        if let Err(e) = on_frame(&shared, i, f) {
+        if let Err(e) = on_frame(&shared, i, lane, f) {
             break e;
         }
     };
@@ -326,10 +422,10 @@ fn read_loop(s: &Weak<Shared>, i: usize, c: TcpStream) {
     cut_off(s, i, err);
 }
 
-/// Sends `f` to peer `i`.
-fn reply(s: &Shared, i: usize, f: Frame) -> Result<()> {
+/// Sends `f` to peer `i` on lane `lane`.
+fn reply(s: &Shared, i: usize, lane: usize, f: Frame) -> Result<()> {
     match &s.state().peers[i].link {
-        Link::Tcp(t) => t.send(f),
+        Link::Tcp(t) => t.lanes.get(lane).map_or(Ok(()), |l| l.send(f)),
         Link::Rdma { .. } => Ok(()),
     }
 }
@@ -340,8 +436,11 @@ fn remote_access() -> XferError {
     )
 }
 
-fn on_frame(s: &Shared, i: usize, f: Frame) -> Result<()> {
+fn on_frame(s: &Shared, i: usize, lane: usize, f: Frame) -> Result<()> {
     match f {
+        Frame::Msg(_) if lane != 0 => {
+            return Err(XferError::BadMessage(format!("a message on lane {lane}")));
+        }
         Frame::Msg(bytes) => {
             if bytes.len() > MSG_MAX {
                 return Err(XferError::BadMessage(format!(
@@ -359,7 +458,7 @@ fn on_frame(s: &Shared, i: usize, f: Frame) -> Result<()> {
             key,
             addr,
             data,
-        } => return on_put(s, i, tag, key, addr, &data),
+        } => return on_put(s, i, lane, tag, key, addr, &data),
         Frame::Get {
             tag,
             key,
@@ -377,10 +476,15 @@ fn on_frame(s: &Shared, i: usize, f: Frame) -> Result<()> {
             if status != OK {
                 data = Vec::new();
             }
-            reply(s, i, Frame::Data { tag, status, data })?;
+            reply(s, i, lane, Frame::Data { tag, status, data })?;
         }
         Frame::Ack { tag, status } => {
             let mut st = s.state();
+            if let Link::Tcp(t) = &mut st.peers[i].link {
+                if let Some(l) = t.lanes.get_mut(lane) {
+                    l.in_flight = l.in_flight.saturating_sub(1);
+                }
+            }
             let r = if status == OK {
                 Ok(())
             } else {
@@ -389,7 +493,7 @@ fn on_frame(s: &Shared, i: usize, f: Frame) -> Result<()> {
             end_slice(&mut st, i, tag, r);
             pump(&mut st);
         }
-        Frame::Data { tag, status, data } => return on_data(s, i, tag, status, &data),
+        Frame::Data { tag, status, data } => return on_data(s, i, lane, tag, status, &data),
     }
     s.changed.notify_all();
     Ok(())
@@ -397,7 +501,15 @@ fn on_frame(s: &Shared, i: usize, f: Frame) -> Result<()> {
 
 /// A put from peer `i`: `data` written at `addr` of the registration `key`, if it lies
 /// inside one this agent published; the peer is told how it went.
-fn on_put(s: &Shared, i: usize, tag: u64, key: u32, addr: u64, data: &[u8]) -> Result<()> {
+fn on_put(
+    s: &Shared,
+    i: usize,
+    lane: usize,
+    tag: u64,
+    key: u32,
+    addr: u64,
+    data: &[u8],
+) -> Result<()> {
     let status = {
         let st = s.state();
         match region(&st.local, key, true, addr, data.len()) {
@@ -405,15 +517,19 @@ fn on_put(s: &Shared, i: usize, tag: u64, key: u32, addr: u64, data: &[u8]) -> R
             _ => ACCESS_ERROR,
         }
     };
-    reply(s, i, Frame::Ack { tag, status })
+    reply(s, i, lane, Frame::Ack { tag, status })
 }
 
 /// The answer to a read of ours from peer `i`: its bytes land where the read asked.
-fn on_data(s: &Shared, i: usize, tag: u64, status: u8, data: &[u8]) -> Result<()> {
+fn on_data(s: &Shared, i: usize, lane: usize, tag: u64, status: u8, data: &[u8]) -> Result<()> {
     let mut st = s.state();
     let Link::Tcp(t) = &mut st.peers[i].link else {
         return Ok(());
     };
+    let Some(t) = t.lanes.get_mut(lane) else {
+        return Ok(());
+    };
+    t.in_flight = t.in_flight.saturating_sub(1);
     let (key, addr, len) = t
         .reads
         .remove(&tag)
