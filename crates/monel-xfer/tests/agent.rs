@@ -271,6 +271,11 @@ fn a_peer_killed_mid_batch_fails_that_batch_alone() {
         b.transfer("a", &big[..1], None),
         Err(XferError::PeerLost(_))
     ));
+    // What the lost peer held (its queue pair and buffers) is released; it is still named.
+    assert_eq!(b.lanes("a").unwrap(), 0);
+    assert_eq!(b.transport("a").unwrap(), "rdma");
+    assert_eq!(b.lanes("c").unwrap(), 1);
+    assert_eq!(b.peers(), ["c"]);
 }
 
 #[test]

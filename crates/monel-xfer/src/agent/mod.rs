@@ -154,6 +154,9 @@ enum Link {
     },
     /// TCP connections.
     Tcp(tcp::Lanes),
+    /// A lost peer's link, released (its queue pair, buffers or connections), and what it
+    /// was.
+    Gone(&'static str),
 }
 
 impl Link {
@@ -161,6 +164,7 @@ impl Link {
         match self {
             Self::Rdma { .. } => "rdma",
             Self::Tcp(_) => "tcp",
+            Self::Gone(was) => was,
         }
     }
 }
@@ -547,6 +551,7 @@ impl Agent {
         Ok(match &st.peers[i].link {
             Link::Rdma { .. } => 1,
             Link::Tcp(t) => t.lanes.len(),
+            Link::Gone(_) => 0,
         })
     }
 
@@ -670,6 +675,7 @@ impl Agent {
                         || match &p.link {
                             Link::Rdma { tx_free, .. } => tx_free.len() < TX_SLOTS,
                             Link::Tcp(t) => !t.flushed(),
+                            Link::Gone(_) => false,
                         })
             });
             if !busy {
@@ -911,6 +917,7 @@ fn send_queued(p: &mut Peer, i: usize) -> Result<()> {
                 let bytes = p.queued.pop_front().expect("not empty");
                 t.send(crate::stream::Frame::Msg(bytes))?;
             }
+            Link::Gone(_) => return Ok(()),
         }
     }
     Ok(())
@@ -964,6 +971,7 @@ fn pump(st: &mut State) {
                     }
                 }
             }
+            Link::Gone(_) => {}
         }
         if !e.notified && e.batch.is_finished() {
             if let Some(n) = e.batch.take_notification() {
@@ -981,6 +989,25 @@ fn pump(st: &mut State) {
         if let Err(err) = send_queued(p, i) {
             p.lost.get_or_insert(err);
         }
+    }
+    release_lost(peers);
+}
+
+/// Releases what lost peers held (their batches' slices have failed by now): the queue
+/// pair before the buffers its work requests named, or the connections; what was queued
+/// for them; what they published. Completions that still come for them find nothing.
+fn release_lost(peers: &mut [Peer]) {
+    for p in peers.iter_mut() {
+        if p.lost.is_none() || matches!(p.link, Link::Gone(_)) {
+            continue;
+        }
+        if let Link::Tcp(t) = &p.link {
+            t.close();
+        }
+        let was = p.link.name();
+        drop(std::mem::replace(&mut p.link, Link::Gone(was)));
+        p.queued = VecDeque::new();
+        p.remote = SegmentTable::new();
     }
 }
 

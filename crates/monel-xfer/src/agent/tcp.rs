@@ -426,7 +426,7 @@ fn read_loop(s: &Weak<Shared>, i: usize, lane: usize, c: TcpStream) {
 fn reply(s: &Shared, i: usize, lane: usize, f: Frame) -> Result<()> {
     match &s.state().peers[i].link {
         Link::Tcp(t) => t.lanes.get(lane).map_or(Ok(()), |l| l.send(f)),
-        Link::Rdma { .. } => Ok(()),
+        Link::Rdma { .. } | Link::Gone(_) => Ok(()),
     }
 }
 
