@@ -100,28 +100,20 @@ impl Frame {
         out.push(kind);
     }
 
-    /// The frame's bytes.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::new();
+    /// The frame's header and fixed fields: all of it but the bytes it carries.
+    fn head(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER + 24);
+        let body = self.wire_len() - HEADER;
         match self {
-            Self::Msg(m) => {
-                Self::header(&mut out, 1, m.len());
-                out.extend_from_slice(m);
-            }
-            Self::Put {
-                tag,
-                key,
-                addr,
-                data,
-            } => {
-                Self::header(&mut out, 2, 20 + data.len());
+            Self::Msg(_) => Self::header(&mut out, 1, body),
+            Self::Put { tag, key, addr, .. } => {
+                Self::header(&mut out, 2, body);
                 out.extend_from_slice(&tag.to_be_bytes());
                 out.extend_from_slice(&key.to_be_bytes());
                 out.extend_from_slice(&addr.to_be_bytes());
-                out.extend_from_slice(data);
             }
             Self::Ack { tag, status } => {
-                Self::header(&mut out, 3, 9);
+                Self::header(&mut out, 3, body);
                 out.extend_from_slice(&tag.to_be_bytes());
                 out.push(*status);
             }
@@ -131,49 +123,41 @@ impl Frame {
                 addr,
                 len,
             } => {
-                Self::header(&mut out, 4, 24);
+                Self::header(&mut out, 4, body);
                 out.extend_from_slice(&tag.to_be_bytes());
                 out.extend_from_slice(&key.to_be_bytes());
                 out.extend_from_slice(&addr.to_be_bytes());
                 out.extend_from_slice(&len.to_be_bytes());
             }
-            Self::Data { tag, status, data } => {
-                Self::header(&mut out, 5, 9 + data.len());
+            Self::Data { tag, status, .. } => {
+                Self::header(&mut out, 5, body);
                 out.extend_from_slice(&tag.to_be_bytes());
                 out.push(*status);
-                out.extend_from_slice(data);
             }
         }
         out
     }
 
+    /// The bytes the frame carries after its fixed fields.
+    fn payload(&self) -> &[u8] {
+        match self {
+            Self::Msg(m) => m,
+            Self::Put { data, .. } | Self::Data { data, .. } => data,
+            Self::Ack { .. } | Self::Get { .. } => &[],
+        }
+    }
+
+    /// The frame's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = self.head();
+        out.extend_from_slice(self.payload());
+        out
+    }
+
     /// Writes the frame to `w`, its data straight from where it lies.
     pub fn write_to(&self, w: &mut impl std::io::Write) -> std::io::Result<()> {
-        match self {
-            Self::Put {
-                tag,
-                key,
-                addr,
-                data,
-            } => {
-                let mut h = Vec::with_capacity(HEADER + 20);
-                Self::header(&mut h, 2, 20 + data.len());
-                h.extend_from_slice(&tag.to_be_bytes());
-                h.extend_from_slice(&key.to_be_bytes());
-                h.extend_from_slice(&addr.to_be_bytes());
-                w.write_all(&h)?;
-                w.write_all(data)
-            }
-            Self::Data { tag, status, data } => {
-                let mut h = Vec::with_capacity(HEADER + 9);
-                Self::header(&mut h, 5, 9 + data.len());
-                h.extend_from_slice(&tag.to_be_bytes());
-                h.push(*status);
-                w.write_all(&h)?;
-                w.write_all(data)
-            }
-            _ => w.write_all(&self.encode()),
-        }
+        w.write_all(&self.head())?;
+        w.write_all(self.payload())
     }
 
     /// Bytes the frame takes on the wire.

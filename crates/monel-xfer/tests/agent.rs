@@ -3,9 +3,12 @@
 //! alone with nothing written outside the target, a peer without the secret refused while
 //! the listener goes on, and a peer killed mid-batch failing that batch alone.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use common::{desc, pattern};
 use monel_verbs::Device;
 use monel_xfer::{Agent, AgentConfig, Desc, DescState, Op, XferError};
 
@@ -22,23 +25,6 @@ fn agent(name: &str, ip: &str, secret: Option<&[u8]>) -> Agent {
         secret.map(<[u8]>::to_vec),
     ))
     .unwrap()
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed)
-        .collect()
-}
-
-fn desc<'a>(op: Op, local: &'a str, lo: u64, remote: &'a str, ro: u64, len: u64) -> Desc<'a> {
-    Desc {
-        op,
-        local,
-        local_offset: lo,
-        remote,
-        remote_offset: ro,
-        len,
-    }
 }
 
 /// Waits until `a` has a notification; returns them.

@@ -2,11 +2,14 @@
 //! notification after the data, fail bad descriptors alone, refuse a peer without the job
 //! secret, and an agent that cannot use RDMA with its peer falls back to TCP.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use common::{desc, pattern};
 use monel_verbs::Device;
-use monel_xfer::{Agent, AgentConfig, Desc, DescState, Op, Transport, XferError};
+use monel_xfer::{Agent, AgentConfig, DescState, Op, Transport, XferError};
 
 const SECRET: &[u8] = b"job secret for the tcp tests";
 const T: Duration = Duration::from_secs(20);
@@ -18,23 +21,6 @@ fn agent(name: &str, ip: &str, secret: Option<&[u8]>, transport: Transport) -> A
     cfg.transport = transport;
     cfg.udp_port = 0;
     Agent::new(cfg).unwrap()
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[2] ^ seed)
-        .collect()
-}
-
-fn desc<'a>(op: Op, local: &'a str, lo: u64, remote: &'a str, ro: u64, len: u64) -> Desc<'a> {
-    Desc {
-        op,
-        local,
-        local_offset: lo,
-        remote,
-        remote_offset: ro,
-        len,
-    }
 }
 
 #[test]
