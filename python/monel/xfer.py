@@ -52,6 +52,19 @@ __all__ = [
 Desc = Tuple[str, str, int, str, int, int]
 
 
+def _retrying(call, retry_for: float):
+    """`call()`, tried again every 50 ms while it raises an engine error (a peer not up, or
+    not registered, yet), for up to `retry_for` seconds."""
+    end = time.monotonic() + retry_for
+    while True:
+        try:
+            return call()
+        except (XferError, PeerLostError):
+            if time.monotonic() >= end:
+                raise
+            time.sleep(0.05)
+
+
 class BatchError(XferError):
     """Some descriptors of a batch failed: `errors` holds, per descriptor, None (done) or
     the exception it failed with."""
@@ -153,28 +166,14 @@ class Agent:
 
     def connect(self, address: str, retry_for: float = 0.0) -> str:
         """Connects to the agent at `address` ("ip:port"); returns its name. With
-        `retry_for`, a refused connection (the peer not listening yet) is tried again for
-        that many seconds."""
-        end = time.monotonic() + retry_for
-        while True:
-            try:
-                return self._native.connect(address)
-            except XferError:
-                if time.monotonic() >= end:
-                    raise
-                time.sleep(0.05)
+        `retry_for`, a failed connection (the peer not up yet) is tried again for that many
+        seconds."""
+        return _retrying(lambda: self._native.connect(address), retry_for)
 
     def connect_name(self, name: str, retry_for: float = 0.0) -> str:
         """Connects to the agent registered as `name` in the job (etcd). With `retry_for`, an
         agent not registered yet is looked for again for that many seconds."""
-        end = time.monotonic() + retry_for
-        while True:
-            try:
-                return self._native.connect_name(name)
-            except (XferError, PeerLostError):
-                if time.monotonic() >= end:
-                    raise
-                time.sleep(0.05)
+        return _retrying(lambda: self._native.connect_name(name), retry_for)
 
     def registered(self) -> List[str]:
         """The agents registered in the job now (etcd), by name."""

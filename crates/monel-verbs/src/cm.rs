@@ -328,14 +328,19 @@ pub fn accept_stream(
 ) -> Result<Connection> {
     let g = greet(&mut s, cfg)?;
     finish(s, g, qp, buf, cfg).inspect_err(|_| {
-        let _ = qp.modify(
-            &crate::QpAttr {
-                qp_state: crate::QpState::Reset,
-                ..crate::QpAttr::default()
-            },
-            crate::AttrMask::STATE,
-        );
+        let _ = reset(qp);
     })
+}
+
+/// Takes `qp` back to RESET after a failed exchange, for the next client.
+fn reset(qp: &QueuePair) -> Result<()> {
+    qp.modify(
+        &crate::QpAttr {
+            qp_state: crate::QpState::Reset,
+            ..crate::QpAttr::default()
+        },
+        crate::AttrMask::STATE,
+    )
 }
 
 /// A listening connection manager.
@@ -437,13 +442,7 @@ impl Server<'_> {
                     Ok(c) => return Ok(c),
                     Err(e) => {
                         self.greeter.drop_one(from, &e);
-                        qp.modify(
-                            &crate::QpAttr {
-                                qp_state: crate::QpState::Reset,
-                                ..crate::QpAttr::default()
-                            },
-                            crate::AttrMask::STATE,
-                        )?;
+                        reset(qp)?;
                     }
                 },
                 None if deadline.is_some_and(|d| Instant::now() >= d) => {
@@ -550,10 +549,16 @@ pub fn connect(
     buf: Option<BufferInfo>,
     cfg: &CmConfig,
 ) -> Result<Connection> {
-    let deadline = Instant::now() + cfg.timeout;
-    let s = loop {
+    connect_stream(dial(addr, cfg.timeout)?, qp, buf, cfg)
+}
+
+/// A TCP connection to `addr`, dialled again while it is refused (the server not
+/// listening yet) until `timeout` has passed.
+pub fn dial(addr: SocketAddr, timeout: Duration) -> Result<TcpStream> {
+    let deadline = Instant::now() + timeout;
+    loop {
         match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
-            Ok(s) => break s,
+            Ok(s) => return Ok(s),
             Err(e) if Instant::now() >= deadline => {
                 return Err(VerbsError::new(
                     V,
@@ -562,8 +567,7 @@ pub fn connect(
             }
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
-    };
-    connect_stream(s, qp, buf, cfg)
+    }
 }
 
 /// [`connect`] over a connection already open to the server (one that a protocol of the

@@ -687,7 +687,7 @@ impl Agent {
                     "messages to peers not delivered within {timeout:?}"
                 )));
             }
-            st = wait(&self.shared, st, left.min(Duration::from_millis(5)));
+            st = wait(&self.shared, st, left);
         }
     }
 
@@ -837,22 +837,12 @@ fn push_peer(s: &Shared, st: &mut State, link: Link) -> Result<usize> {
     Ok(i)
 }
 
-/// A TCP connection to `addr`, tried again until `timeout` while it is refused (the peer
-/// not listening yet).
+/// A TCP connection to `addr` with Nagle off, dialled again while the peer is not
+/// listening yet ([`cm::dial`]).
 fn dial(addr: SocketAddr, timeout: Duration) -> Result<TcpStream> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
-            Ok(s) => {
-                s.set_nodelay(true).map_err(io)?;
-                return Ok(s);
-            }
-            Err(e) if Instant::now() >= deadline => {
-                return Err(XferError::Transport(format!("connect {addr}: {e}")));
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(50)),
-        }
-    }
+    let s = cm::dial(addr, timeout).map_err(verbs)?;
+    s.set_nodelay(true).map_err(io)?;
+    Ok(s)
 }
 
 fn batch_of(st: &State, id: BatchId) -> Result<&BatchEntry> {
