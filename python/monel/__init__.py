@@ -1,6 +1,7 @@
 """Monel from Python: NCCL-style collectives over shared memory, a software RoCE NIC and TCP,
 on numpy arrays, CPU torch tensors and any CPU array that speaks DLPack (JAX's, ...), without
-copying them.
+copying them; CUDA arrays (torch, `__cuda_array_interface__`, CUDA DLPack) staged through
+pinned host memory with torch.
 
     import monel
     comm = monel.Communicator.from_env()      # torchrun, Slurm, mpirun or MONEL_* variables
@@ -14,6 +15,7 @@ copying them.
 from __future__ import annotations
 
 import atexit
+import functools
 import sys
 import weakref
 from typing import Any, Optional, Sequence
@@ -128,8 +130,8 @@ def _from_dlpack(x: Any, what: str) -> Optional[np.ndarray]:
     if kind != _DL_CPU:
         where = _DL_CUDA.get(kind, f"DLPack device type {kind}")
         raise InvalidArgumentError(
-            f"{what}: a {name} in {where} memory; monel.Communicator takes CPU memory "
-            "(the torch backend takes CUDA tensors)"
+            f"{what}: a {name} in {where} memory; group() takes CPU memory "
+            "(the collectives, send and recv stage CUDA arrays)"
         )
     try:
         return np.from_dlpack(x)
@@ -220,6 +222,46 @@ def _tag(tag) -> int:
     return tag & 0xFFFFFFFF
 
 
+def _on_cuda(x: Any) -> bool:
+    if x is None or isinstance(x, (np.ndarray, int, str)):
+        return False
+    if _is_tensor(x):
+        return x.device.type == "cuda"
+    from monel._cuda_arrays import on_cuda
+
+    return on_cuda(x)
+
+
+def _stages_cuda(writes):
+    """A collective that takes CUDA arrays too: staged through pinned host memory with torch
+    (`monel._cuda_arrays`). `writes(arguments)` names the arguments that receive results."""
+
+    def wrap(method):
+        @functools.wraps(method)
+        def run(self, *args, **kwargs):
+            if any(_on_cuda(a) for a in args) or any(_on_cuda(v) for v in kwargs.values()):
+                from monel import _cuda_arrays
+
+                return _cuda_arrays.call(method, self, args, kwargs, writes)
+            return method(self, *args, **kwargs)
+
+        return run
+
+    return wrap
+
+
+def _out_or_x(a: dict) -> tuple:
+    return ("x",) if a.get("out") is None else ("out",)
+
+
+def _out(a: dict) -> tuple:
+    return ("out",)
+
+
+def _nothing(a: dict) -> tuple:
+    return ()
+
+
 class Communicator:
     """This process's rank in a group of ranks (`ncclComm_t`).
 
@@ -293,6 +335,7 @@ class Communicator:
 
     # -- collectives -----------------------------------------------------------------------
 
+    @_stages_cuda(_out_or_x)
     def all_reduce(self, x, out=None, op: str = "sum", async_op: bool = False) -> Optional[Work]:
         """Reduces `x` across ranks into `out` (in place into `x` without `out`)."""
         xb, t, n, ob, _, on = self._pair(x, out)
@@ -302,6 +345,7 @@ class Communicator:
                                xb if ob is None else ob, _check_op(op), 0, async_op, self._defer)
         return w if async_op else None
 
+    @_stages_cuda(_out_or_x)
     def broadcast(self, x, root: int = 0, out=None, async_op: bool = False) -> Optional[Work]:
         """Copies the root's `x` to every rank's `out` (in place into `x` without `out`)."""
         xb, t, n, ob, _, on = self._pair(x, out)
@@ -311,6 +355,7 @@ class Communicator:
                                xb if ob is None else ob, "sum", self._root(root), async_op, self._defer)
         return w if async_op else None
 
+    @_stages_cuda(_out_or_x)
     def reduce(self, x, root: int = 0, out=None, op: str = "sum",
                async_op: bool = False) -> Optional[Work]:
         """Reduces `x` across ranks into the root's `out` (in place into `x` without `out`)."""
@@ -322,6 +367,7 @@ class Communicator:
                                async_op, self._defer)
         return w if async_op else None
 
+    @_stages_cuda(_out)
     def all_gather(self, x, out, async_op: bool = False) -> Optional[Work]:
         """Concatenates every rank's `x` (rank order) into `out` (size * x.size elements)."""
         xb, t, n, ob, _, on = self._pair(x, out)
@@ -330,6 +376,7 @@ class Communicator:
         w = self._c.collective("all_gather", t, n, xb, ob, "sum", 0, async_op, self._defer)
         return w if async_op else None
 
+    @_stages_cuda(_out)
     def reduce_scatter(self, x, out, op: str = "sum", async_op: bool = False) -> Optional[Work]:
         """Reduces `x` (size * out.size elements) and leaves rank r's block in `out`."""
         xb, t, n, ob, _, on = self._pair(x, out)
@@ -338,6 +385,7 @@ class Communicator:
         w = self._c.collective("reduce_scatter", t, on, xb, ob, _check_op(op), 0, async_op, self._defer)
         return w if async_op else None
 
+    @_stages_cuda(_out)
     def all_to_all(self, x, out, async_op: bool = False) -> Optional[Work]:
         """Sends block j of `x` to rank j; block i of `out` comes from rank i (equal blocks)."""
         xb, t, n, ob, _, on = self._pair(x, out)
@@ -347,6 +395,7 @@ class Communicator:
         w = self._c.collective("all_to_all", t, n // self.size, xb, ob, "sum", 0, async_op, self._defer)
         return w if async_op else None
 
+    @_stages_cuda(_out)
     def gather(self, x, out=None, root: int = 0, async_op: bool = False) -> Optional[Work]:
         """Concatenates every rank's `x` into the root's `out` (size * x.size elements)."""
         root = self._root(root)
@@ -358,6 +407,7 @@ class Communicator:
         w = self._c.collective("gather", t, n, xb, ob, "sum", root, async_op, self._defer)
         return w if async_op else None
 
+    @_stages_cuda(_out)
     def scatter(self, x, out, root: int = 0, async_op: bool = False) -> Optional[Work]:
         """Gives rank r block r of the root's `x` (size * out.size elements) in `out`."""
         root = self._root(root)
@@ -381,11 +431,13 @@ class Communicator:
 
     # -- point to point --------------------------------------------------------------------
 
+    @_stages_cuda(_nothing)
     def send(self, x, peer: int, async_op: bool = False, tag: int = 0) -> Optional[Work]:
         """Sends `x` to `peer` (`ncclSend`), the message carrying `tag`; a large message waits
         for the receive, so two ranks that send to each other must use `group`."""
         return self.group([("send", x, peer, tag)], async_op)
 
+    @_stages_cuda(_out)
     def recv(self, out, peer: Optional[int] = None, async_op: bool = False, tag: int = 0):
         """Receives into `out` the first message from `peer` (`None`: from any rank) that
         carries `tag`; messages with other tags that arrive first wait for their own

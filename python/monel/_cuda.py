@@ -9,8 +9,14 @@ work's future completes with events on them (a CUDA-aware future).
 
 Staging buffers are pinned once and reused across calls, by power-of-two size, up to
 `MONEL_CUDA_STAGING` bytes (default 1 GiB) kept; a buffer returns to the pool once the copy
-that reads it has finished. This module is imported only when a CUDA tensor reaches the
-backend.
+that reads it has finished. An all_reduce of at least two pieces of `MONEL_CUDA_CHUNK` bytes
+(default 4 MiB) is pipelined: piece k+1 goes down while Monel reduces piece k, and piece k
+comes back up while Monel reduces piece k+1.
+
+Where every rank of the group is on this host, the operations DDP and FSDP use most go
+through CUDA IPC instead and never leave the GPU (`monel._cuda_ipc`). A process group works
+on one CUDA device, the first its tensors were on (NCCL's rule); a tensor on another is
+refused. This module is imported only when a CUDA tensor reaches the backend.
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from monel import InvalidArgumentError
+from monel import CommTimeoutError, InvalidArgumentError
 from monel._tensors import tensors_in
 
 _POOL_BYTES = int(os.environ.get("MONEL_CUDA_STAGING") or (1 << 30))
+_CHUNK = int(os.environ.get("MONEL_CUDA_CHUNK") or (4 << 20))
 
 
 def _replace(x, host: dict):
@@ -50,11 +57,12 @@ class Staging:
         self._limit = limit
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
 
-    def stream(self, device: torch.device) -> torch.cuda.Stream:
+    def stream(self, device: torch.device, up: bool = False) -> torch.cuda.Stream:
+        """The copy stream down to the host (`up`: the one back, for pipelined copies)."""
         with self._lock:
-            s = self._streams.get(device)
+            s = self._streams.get((device, up))
             if s is None:
-                s = self._streams[device] = torch.cuda.Stream(device=device)
+                s = self._streams[(device, up)] = torch.cuda.Stream(device=device)
             return s
 
     def take(self, nbytes: int) -> torch.Tensor:
@@ -87,6 +95,17 @@ class Staging:
 
 
 STAGING = Staging()
+
+
+def group_device(bound: Optional[torch.device], device: torch.device, what: str) -> torch.device:
+    """The process group's device: the first one its CUDA tensors were on; a tensor on
+    another is refused, as NCCL does."""
+    if bound is not None and device != bound:
+        raise InvalidArgumentError(
+            f"monel {what}: a tensor on {device}, but this process group works on {bound}: "
+            "move the tensor there, or use a process group made for that device"
+        )
+    return device
 
 
 def _check(cuda: list[torch.Tensor], what: str, args) -> torch.device:
@@ -147,6 +166,64 @@ def _stage(args: tuple, outputs, what: str):
     uploaded.synchronize()  # this operation's inputs, not the device
     landing = [(t, host[id(t)]) for t in outs.values()]
     return device, copy, host, bufs, landing
+
+
+def run(pg, name: str, method: Callable, args: tuple, kwargs: dict, outputs, op: Optional[str]):
+    """Runs the backend's operation `name` on CUDA tensors: through CUDA IPC where the
+    group can, else staged through host memory (pipelined for a large all_reduce).
+    `op`: the reduction's name, for the operations that reduce."""
+    cuda = [t for a in args for t in tensors_in(a) if t.is_cuda]
+    device = _check(cuda, name, args)
+    pg._cuda_device = group_device(pg._cuda_device, device, name)
+    from monel import _cuda_ipc
+
+    if _cuda_ipc.eligible(name, args, op):
+        if pg._cuda_ipc == "unset":
+            pg._cuda_ipc = _cuda_ipc.setup(pg, device)
+        if pg._cuda_ipc is not None and _cuda_ipc.wanted(pg._cuda_ipc, args):
+            opts = args[-1] if len(args) > 1 else None
+            return pg._timed(opts, lambda: _cuda_ipc.run(pg._cuda_ipc, name, args, op))
+    if name == "allreduce" and len(args[0]) == 1 and op is not None:
+        t = args[0][0]
+        if t.numel() * t.element_size() >= 2 * _CHUNK:
+            return _pipelined_allreduce(pg, t, op, args[1] if len(args) > 1 else None)
+    return staged(pg, method, args, kwargs, outputs, name)
+
+
+def _pipelined_allreduce(pg, t: torch.Tensor, op: str, opts):
+    """A large all_reduce in pieces: each goes down on the copy stream, is reduced by Monel
+    as soon as it is on the host, and goes back up on a second stream once reduced."""
+    device = t.device
+    caller = torch.cuda.current_stream(device)
+    down = STAGING.stream(device)
+    down.wait_stream(caller)
+    nbytes = t.numel() * t.element_size()
+    buf = STAGING.take(nbytes)
+    host, flat = buf[:nbytes].view(t.dtype), t.view(-1)
+    m = max(_CHUNK // t.element_size(), 1)
+    pieces = []
+    with torch.cuda.stream(down):
+        for a in range(0, flat.numel(), m):
+            b = min(flat.numel(), a + m)
+            host[a:b].copy_(flat[a:b], non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(down)
+            pieces.append((a, b, ev))
+    t.record_stream(down)
+    works = []
+
+    def issue():
+        for a, b, ev in pieces:
+            ev.synchronize()  # this piece is on the host; the next ones are still going down
+            works.append(pg.comm.all_reduce(host[a:b], op=op, async_op=True))
+
+    pg._timed(opts, issue)
+    work = PipelinedWork(device, STAGING.stream(device, up=True), flat, host, pieces, works,
+                         [buf], [t])
+    if opts is not None and not getattr(opts, "asyncOp", True):
+        work.wait()
+        return None
+    return work
 
 
 def staged(pg, method: Callable, args: tuple, kwargs: dict, outputs, what: str):
@@ -256,3 +333,42 @@ class CudaWork(dist._Work):
         return self._inner._source_rank()
 
     source_rank = _source_rank
+
+
+class PipelinedWork(CudaWork):
+    """A pipelined all_reduce: each piece goes back up as soon as Monel has reduced it."""
+
+    def __init__(self, device, up, flat, host, pieces, works, bufs, value) -> None:
+        super().__init__(None, None, [], device, up, bufs, value)
+        self._flat, self._host, self._pieces, self._works = flat, host, pieces, works
+
+    def _land(self) -> torch.cuda.Event:
+        with self._lock:
+            if self._landed is not None:
+                return self._landed
+            for (a, b, _), w in zip(self._pieces, self._works):
+                w.wait()
+                with torch.cuda.stream(self._copy):
+                    self._flat[a:b].copy_(self._host[a:b], non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(self._copy)
+            self._flat.record_stream(self._copy)
+            STAGING.give_after(ev, self._bufs)
+            self._landed = ev
+            return ev
+
+    def wait(self, timeout=None) -> bool:
+        if timeout is not None:
+            secs = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+            for w in self._works:
+                if not w.wait(secs):
+                    raise CommTimeoutError(f"monel: Timed out waiting {secs * 1000:.0f} ms for the operation")
+        self._finish()
+        return True
+
+    def is_completed(self) -> bool:
+        return (all(w.is_completed() for w in self._works)
+                and self._landed is not None and self._landed.query())
+
+    def is_success(self) -> bool:
+        return all(w.is_success() for w in self._works)

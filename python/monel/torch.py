@@ -250,6 +250,8 @@ class ProcessGroupMonel(dist.ProcessGroup):
         self._done = _Completer()
         self._coalesced: Optional[list] = None
         self._coalesced_cuda = None  # CUDA receives of a coalesced group, landed at its end
+        self._cuda_device = None  # the CUDA device this group works on (its first tensor's)
+        self._cuda_ipc = "unset"  # CUDA IPC between this host's ranks: set up, or None
         self._pending: Optional[_Batch] = None  # isend/irecv not issued yet
         self._group_name = self._group_desc = ""
 
@@ -584,6 +586,8 @@ class ProcessGroupMonel(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         self._flush_p2p()
+        if self._cuda_ipc not in ("unset", None):
+            self._cuda_ipc.close()
         self.comm.destroy()
         self._done.stop()
 
@@ -628,7 +632,8 @@ def _entry(method, name: str):
 
         if self._coalesced is not None and name in ("send", "recv"):
             return _cuda.staged_coalesced(self, op, args, outputs, name)
-        return _cuda.staged(self, op, args, kwargs, outputs, name)
+        red = getattr(opts, "reduceOp", None)
+        return _cuda.run(self, name, op, args, kwargs, outputs, None if red is None else _op(red))
 
     return run
 

@@ -91,3 +91,41 @@ def test_arrays_in_windows_reduce_directly(n):
         assert "count 5000 float op sum via" in err and "via window" not in [
             line for line in err.splitlines() if "count 5000 " in line
         ][0], err
+
+
+class _FakeCudaArray:
+    """An object that claims CUDA memory (as CuPy's arrays do) at an address no GPU has."""
+
+    __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0x1000, False),
+                                "version": 2}
+
+
+class _FakeDlpackCuda:
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None):
+        raise BufferError("no GPU here")
+
+
+def test_cuda_arrays_are_recognised_and_refused_in_words_without_a_gpu():
+    """CUDA arrays (the CUDA array interface, CUDA DLPack) go to the staging path; where
+    torch cannot view them (no GPU here) the call raises InvalidArgumentError naming the
+    argument, and the communicator stays usable."""
+    pytest.importorskip("torch", reason="scripts/test.sh installs torch")
+    from monel._cuda_arrays import on_cuda
+
+    assert on_cuda(_FakeCudaArray()) and on_cuda(_FakeDlpackCuda())
+    assert not on_cuda(np.zeros(3)) and not on_cuda([1, 2])
+    c = monel.Communicator(1, 0, monel.create_unique_id("127.0.0.1:0"))
+    try:
+        for bad in (_FakeCudaArray(), _FakeDlpackCuda()):
+            with pytest.raises(monel.InvalidArgumentError, match="x: torch cannot view"):
+                c.all_reduce(bad)
+        with pytest.raises(monel.InvalidArgumentError, match="out: torch cannot view"):
+            c.all_reduce(np.ones(4, np.float32), out=_FakeCudaArray())
+        x = np.ones(4, np.float32)
+        c.all_reduce(x)
+        assert (x == 1).all()
+    finally:
+        c.destroy()

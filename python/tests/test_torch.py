@@ -98,3 +98,46 @@ def test_ddp_with_fp16_compression_hook(tmp_path):
     assert all(got["grads_agree"])
     worst = max(abs(a - b) for a, b in zip(got["losses"], ref["losses"]))
     assert worst < 5e-2, worst
+
+
+def test_a_process_group_works_on_one_cuda_device():
+    """NCCL's rule, as the CUDA path applies it: the first device a group's tensors were on
+    is the group's; a tensor on another is refused in words (checked without a GPU: the rule
+    reads devices, not memory)."""
+    import torch
+
+    import monel
+    from monel._cuda import group_device
+
+    d0, d1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    assert group_device(None, d0, "allreduce") == d0
+    assert group_device(d0, d0, "allreduce") == d0
+    with pytest.raises(monel.InvalidArgumentError, match="cuda:1.*works on cuda:0"):
+        group_device(d0, d1, "allreduce")
+
+
+def test_cuda_ipc_reduces_in_rank_order_and_takes_what_it_can():
+    """The GPU-side reduction of the CUDA IPC path (torch's kernels, here on CPU tensors):
+    every reduction in rank order, AVG divided after the sum; which calls go that way
+    (AVG of integers, bitwise reductions and other dtypes stage through host memory)."""
+    import torch
+
+    from monel import _cuda_ipc
+
+    parts = [torch.tensor([1.5, -2.0, 8.0]), torch.tensor([0.25, 4.0, -1.0]),
+             torch.tensor([3.0, 0.5, 2.0])]
+    want = {"sum": parts[0] + parts[1] + parts[2], "prod": parts[0] * parts[1] * parts[2],
+            "min": torch.minimum(torch.minimum(parts[0], parts[1]), parts[2]),
+            "max": torch.maximum(torch.maximum(parts[0], parts[1]), parts[2]),
+            "avg": (parts[0] + parts[1] + parts[2]) / 3}
+    for op, w in want.items():
+        out = torch.empty(3)
+        _cuda_ipc._reduce(op, parts, out)
+        assert torch.equal(out, w), (op, out, w)
+    f32, i64 = (torch.zeros(4),), (torch.zeros(4, dtype=torch.int64),)
+    assert _cuda_ipc.eligible("allreduce", f32, "avg")
+    assert not _cuda_ipc.eligible("allreduce", i64, "avg")
+    assert _cuda_ipc.eligible("allreduce", i64, "sum")
+    assert not _cuda_ipc.eligible("allreduce", (torch.zeros(4, dtype=torch.bool),), "sum")
+    assert not _cuda_ipc.eligible("alltoall", f32, None)
+    assert _cuda_ipc.eligible("_allgather_base", (torch.zeros(8), torch.zeros(4)), None)
