@@ -267,7 +267,7 @@ def main() -> int:
     p.add_argument("--port", type=int, default=PORT, help="the decode agent's TCP port")
     p.add_argument("--udp-port", type=int, default=4791,
                    help="the soft RNIC's UDP port (0: any, to share one address)")
-    p.add_argument("--transport", choices=["auto", "rdma", "tcp"], default="auto",
+    p.add_argument("--transport", choices=["auto", "shm", "rdma", "tcp"], default="auto",
                    help="the link between the two agents")
     p.add_argument("--etcd", default=None,
                    help="an etcd server (host:port): the agents meet by name through it")

@@ -110,8 +110,8 @@ class Agent:
     device's address, any port). `secret` (bytes or str) is the job's: a peer without it is
     refused, and packets carry tags keyed from it. `udp_port` is the soft RNIC's (RoCE's 4791
     to meet hardware and rxe; 0 lets several agents share one address). `transport`: the
-    links this agent opens and accepts: "auto" (RDMA where it works with a peer, else TCP,
-    logged), "rdma" or "tcp". With `etcd` ("host:port" of an etcd server) the agent registers
+    links this agent opens and accepts: "auto" (shared memory with a peer on this host, else
+    RDMA where it works, else TCP, each fallback logged), "shm", "rdma" or "tcp". With `etcd` ("host:port" of an etcd server) the agent registers
     its name in job `job` (one agent per name and job, gone when the agent goes or dies) and
     `connect_name` finds the others.
     """
@@ -180,7 +180,7 @@ class Agent:
         return self._native.registered()
 
     def transport(self, peer: str) -> str:
-        """The link `peer` is reached over: "rdma" or "tcp"."""
+        """The link `peer` is reached over: "shm", "rdma" or "tcp"."""
         return self._native.transport(peer)
 
     def peers(self) -> List[str]:

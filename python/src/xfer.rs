@@ -118,7 +118,8 @@ impl PyAgent {
             "auto" => Transport::Auto,
             "rdma" => Transport::Rdma,
             "tcp" => Transport::Tcp,
-            t => return Err(invalid(format!("transport {t:?}: auto, rdma or tcp"))),
+            "shm" => Transport::Shm,
+            t => return Err(invalid(format!("transport {t:?}: auto, shm, rdma or tcp"))),
         };
         cfg.registry = etcd.map(|e| Registry::new(e, job));
         let agent = py.detach(|| Agent::new(cfg)).map_err(|e| xerr(&e))?;

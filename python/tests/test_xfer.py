@@ -29,9 +29,9 @@ def pair(n: int, secret_b: str = SECRET, transport: str = "auto"):
     return a, b
 
 
-@pytest.mark.parametrize("transport", ["rdma", "tcp"])
+@pytest.mark.parametrize("transport", ["rdma", "tcp", "shm"])
 def test_in_place_segments_move_exact_bytes_and_notify_after_the_data(transport):
-    n = {"rdma": 0, "tcp": 4}[transport]
+    n = {"rdma": 0, "tcp": 4, "shm": 5}[transport]
     decode, prefill = pair(n, transport=transport)
     cache = torch.zeros(8, 4096, dtype=torch.float32)  # 128 KiB, registered where it lies
     decode.register("kv", cache)
@@ -110,7 +110,7 @@ def test_a_peer_without_the_secret_is_refused_and_the_agent_goes_on():
         friend.transfer("someone-else", [])
 
 
-@pytest.mark.parametrize("transport", ["rdma", "tcp"])
+@pytest.mark.parametrize("transport", ["rdma", "tcp", "shm"])
 def test_the_disaggregated_example_generates_exactly_the_single_process_tokens(transport):
     r = subprocess.run(
         [sys.executable, str(EXAMPLES / "kv_disagg.py"), "--port", str(free_port()),

@@ -84,7 +84,8 @@ pub(crate) fn run(a: &XferBenchArgs) -> anyhow::Result<()> {
         "auto" => Transport::Auto,
         "rdma" => Transport::Rdma,
         "tcp" => Transport::Tcp,
-        t => bail!("--transport {t}: auto, rdma or tcp"),
+        "shm" => Transport::Shm,
+        t => bail!("--transport {t}: auto, shm, rdma or tcp"),
     };
     let agent = Agent::new(cfg)?;
     if a.target.is_none() {

@@ -330,6 +330,8 @@ fn xfer_bench_moves_and_checks_blocks_both_ways() {
         ("read", "rdma"),
         ("write", "tcp"),
         ("read", "tcp"),
+        ("write", "shm"),
+        ("read", "shm"),
     ] {
         let (code, out) = monel(&[
             "xfer-bench",

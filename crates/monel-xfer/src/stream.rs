@@ -5,7 +5,8 @@
 //! address on the target until it was found inside a registration the target published.
 //!
 //! ```text
-//! opening    client: "MXFRRDMA" (then the connection manager's exchange) or "MXFRTCP1"
+//! opening    client: "MXFRRDMA" (then the connection manager's exchange), "MXFRTCP1", or
+//!            "MXFRSHM1" (TCP's hello, then the shared-memory set-up: agent::cma)
 //! tcp hello  server: flags:u8 nonce_s[16]          client: nonce_c[16] mac_c[32]
 //!            server: status:u8 mac_s[32]
 //! frame      len:u32 kind:u8 body               (len counts kind and body)
@@ -28,6 +29,8 @@ use crate::wire::MAX_MESSAGE;
 pub const OPEN_RDMA: &[u8; 8] = b"MXFRRDMA";
 /// What a client sends first: the connection is the TCP transport.
 pub const OPEN_TCP: &[u8; 8] = b"MXFRTCP1";
+/// What a client sends first: the connection carries a shared-memory link's messages.
+pub const OPEN_SHM: &[u8; 8] = b"MXFRSHM1";
 /// Largest slice one put or get carries.
 pub const MAX_DATA: usize = 4 << 20;
 /// Largest frame: a message, or a put's header and data.

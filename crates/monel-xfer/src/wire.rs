@@ -37,6 +37,10 @@ pub enum Msg {
     Revoke(String),
     /// The sender's agent name (its first message on a connection).
     Hello(String),
+    /// The sender stopped using a segment the receiver revoked: none of its operations on
+    /// it is in flight any more (over shared memory, where the sender itself writes into
+    /// the receiver's memory, the receiver keeps the memory until this comes).
+    Revoked(String),
 }
 
 impl Msg {
@@ -69,6 +73,10 @@ impl Msg {
             }
             Self::Hello(name) => {
                 out.push(4);
+                put_name(&mut out, name);
+            }
+            Self::Revoked(name) => {
+                out.push(5);
                 put_name(&mut out, name);
             }
         }
@@ -147,6 +155,7 @@ impl Msg {
                 crate::segment::check_name(&name)?;
                 Self::Hello(name)
             }
+            5 => Self::Revoked(r.name()?),
             k => return Err(bad(&format!("unknown message kind {k}"))),
         };
         if !r.b.is_empty() {
@@ -253,6 +262,7 @@ mod tests {
             },
             Msg::Revoke("kv-layer-0".into()),
             Msg::Hello("prefill-0".into()),
+            Msg::Revoked("kv-layer-1".into()),
         ] {
             let b = m.encode();
             assert_eq!(Msg::decode(&b).unwrap(), m);

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{desc, pattern};
 use monel_verbs::Device;
-use monel_xfer::{Agent, AgentConfig, Desc, DescState, Op, XferError};
+use monel_xfer::{Agent, AgentConfig, Desc, DescState, Op, Transport, XferError};
 
 const SECRET: &[u8] = b"job secret for the transfer tests";
 const T: Duration = Duration::from_secs(20);
@@ -18,13 +18,9 @@ const T: Duration = Duration::from_secs(20);
 fn agent(name: &str, ip: &str, secret: Option<&[u8]>) -> Agent {
     let dev = Device::bind(ip.parse().unwrap()).unwrap();
     let listen: SocketAddr = format!("{ip}:0").parse().unwrap();
-    Agent::new(AgentConfig::new(
-        name,
-        dev,
-        listen,
-        secret.map(<[u8]>::to_vec),
-    ))
-    .unwrap()
+    let mut cfg = AgentConfig::new(name, dev, listen, secret.map(<[u8]>::to_vec));
+    cfg.transport = Transport::Rdma; // the same host would take shared memory (tests/shm.rs)
+    Agent::new(cfg).unwrap()
 }
 
 /// Waits until `a` has a notification; returns them.

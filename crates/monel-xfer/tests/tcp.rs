@@ -153,8 +153,8 @@ fn an_agent_falls_back_to_tcp_where_rdma_is_refused() {
     );
     assert_eq!(auto.connect(decode.address()).unwrap(), "decode-w");
     assert_eq!(auto.transport("decode-w").unwrap(), "tcp");
-    // And between two agents that both can, Auto picks RDMA.
-    let other = agent("other-w", "127.0.3.41", Some(SECRET), Transport::Auto);
+    // With a peer that takes RDMA and not shared memory, Auto picks RDMA.
+    let other = agent("other-w", "127.0.3.41", Some(SECRET), Transport::Rdma);
     assert_eq!(auto.connect(other.address()).unwrap(), "other-w");
     assert_eq!(auto.transport("other-w").unwrap(), "rdma");
 }

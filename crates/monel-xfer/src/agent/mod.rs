@@ -7,14 +7,18 @@
 //!   messages (names, segment tables, notifications) go as SENDs on that queue pair, so they
 //!   are as protected as the data; READs and WRITEs go straight between registered segments;
 //! - TCP, where RDMA does not work: one connection whose two sides proved the job
-//!   secret; the target carries out each READ and WRITE against its own registrations.
+//!   secret; the target carries out each READ and WRITE against its own registrations;
+//! - shared memory, between agents on one host: the messages go as on TCP, and each READ
+//!   and WRITE is one copy by the initiator between the two processes' memory ([`cma`]).
 //!
 //! One address serves both: a client's first bytes say which link it opens
 //! ([`crate::stream`]). Threads: one accepts peers (each handshake on a thread of its own),
 //! one drives RDMA completions (it decodes messages, ends slices, posts what waits, wakes
-//! waiters), two per TCP peer (one reads, one writes). A peer whose link fails is lost: its
+//! waiters), two per TCP peer (one reads, one writes), and one more per shared-memory peer
+//! (it copies). A peer whose link fails is lost: its
 //! batches' slices fail with [`XferError::PeerLost`], nothing else is touched.
 
+mod cma;
 mod tcp;
 
 use std::collections::{HashMap, VecDeque};
@@ -68,13 +72,16 @@ const WR_MSG_RX: u64 = 3 << 56;
 /// Which links an agent opens to its peers, and accepts from them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Transport {
-    /// RDMA where it works, else TCP (logged with the reason); accepts both.
+    /// Shared memory where it works (a peer on this host), else RDMA, else TCP (each
+    /// fallback logged with the reason); accepts all three.
     #[default]
     Auto,
     /// RDMA only.
     Rdma,
     /// TCP only.
     Tcp,
+    /// Shared memory only (peers on this host).
+    Shm,
 }
 
 /// How an agent runs.
@@ -163,6 +170,7 @@ impl Link {
     fn name(&self) -> &'static str {
         match self {
             Self::Rdma { .. } => "rdma",
+            Self::Tcp(t) if t.cma.is_some() => "shm",
             Self::Tcp(_) => "tcp",
             Self::Gone(was) => was,
         }
@@ -186,7 +194,8 @@ struct Peer {
 /// This agent's segments: the table (with local keys) and each one's registration.
 struct Local {
     table: SegmentTable,
-    mrs: HashMap<String, MemoryRegion>,
+    /// Shared with the copies of shared-memory links in flight.
+    mrs: HashMap<String, Arc<MemoryRegion>>,
 }
 
 impl Local {
@@ -223,6 +232,9 @@ struct State {
     inbox: Inbox,
     /// What peers sent that was refused without cutting them off.
     refused: Vec<XferError>,
+    /// Segments being revoked: the shared-memory peers that have not said they stopped
+    /// using each.
+    revoking: HashMap<String, Vec<usize>>,
 }
 
 struct Shared {
@@ -308,6 +320,7 @@ impl Agent {
                 next_batch: 0,
                 inbox: Inbox::new(),
                 refused: Vec::new(),
+                revoking: HashMap::new(),
             }),
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -426,13 +439,49 @@ impl Agent {
         publish(&mut st, name, mr)
     }
 
-    /// Withdraws a segment: peers are told, and its memory is deregistered at once
-    /// (transfers still using it fail).
+    /// Withdraws a segment: peers are told, and its memory is deregistered (transfers
+    /// still using it fail). Peers on shared memory copy into it themselves: the call waits
+    /// (up to the agent's timeout) until each said it stopped, and cuts off one that did
+    /// not, so the memory is free once this returns.
     pub fn deregister(&self, name: &str) -> Result<()> {
         let mut st = self.shared.state();
         st.local.table.remove(name)?;
-        st.local.mrs.remove(name);
+        let mr = st.local.mrs.remove(name);
         broadcast(&mut st, &Msg::Revoke(name.to_string()));
+        let using: Vec<usize> = (0..st.peers.len())
+            .filter(|&i| st.peers[i].lost.is_none() && cma::is_shm(&st.peers[i].link))
+            .collect();
+        if using.is_empty() {
+            return Ok(());
+        }
+        st.revoking.insert(name.to_string(), using);
+        let deadline = Instant::now() + self.shared.cfg.timeout;
+        loop {
+            let State {
+                revoking, peers, ..
+            } = &mut *st;
+            let waiting = revoking.get_mut(name).expect("inserted above");
+            waiting.retain(|&i| peers[i].lost.is_none());
+            if waiting.is_empty() {
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                for &i in waiting.iter() {
+                    peers[i].lost.get_or_insert(XferError::PeerLost(format!(
+                        "it did not stop using segment {name:?} within {:?} of its revocation",
+                        self.shared.cfg.timeout
+                    )));
+                }
+                pump(&mut st);
+                break;
+            }
+            st = wait(&self.shared, st, left);
+        }
+        st.revoking.remove(name);
+        drop(st);
+        drop(mr);
+        self.shared.changed.notify_all();
         Ok(())
     }
 
@@ -466,15 +515,36 @@ impl Agent {
         match self.shared.cfg.transport {
             Transport::Rdma => self.connect_rdma(addr),
             Transport::Tcp => self.connect_tcp(addr),
-            Transport::Auto => self.connect_rdma(addr).or_else(|e| {
-                tracing::info!(
-                    target: "monel::xfer",
-                    "{}: RDMA to {addr} failed ({e}); trying TCP",
-                    self.shared.name
-                );
-                self.connect_tcp(addr)
-            }),
+            Transport::Shm => self.connect_shm(addr),
+            Transport::Auto => self
+                .connect_shm(addr)
+                .or_else(|e| {
+                    tracing::info!(
+                        target: "monel::xfer",
+                        "{}: shared memory with {addr}: {e}; trying RDMA",
+                        self.shared.name
+                    );
+                    self.connect_rdma(addr)
+                })
+                .or_else(|e| {
+                    tracing::info!(
+                        target: "monel::xfer",
+                        "{}: RDMA to {addr} failed ({e}); trying TCP",
+                        self.shared.name
+                    );
+                    self.connect_tcp(addr)
+                }),
         }
+    }
+
+    fn connect_shm(&self, addr: SocketAddr) -> Result<String> {
+        let (secret, timeout) = (self.shared.cfg.secret.as_deref(), self.shared.cfg.timeout);
+        let token = tcp::token();
+        let open = crate::stream::OPEN_SHM;
+        let mut stream = tcp::open(dial(addr, timeout)?, open, secret, timeout, &token, 0)?;
+        let found = cma::client(&mut stream, &token, timeout)?;
+        let i = tcp::add_peer(&self.shared, stream, token, Some(found))?;
+        self.introduced(i, addr)
     }
 
     fn connect_rdma(&self, addr: SocketAddr) -> Result<String> {
@@ -489,13 +559,14 @@ impl Agent {
     fn connect_tcp(&self, addr: SocketAddr) -> Result<String> {
         let (secret, timeout) = (self.shared.cfg.secret.as_deref(), self.shared.cfg.timeout);
         let token = tcp::token();
-        let stream = tcp::open(dial(addr, timeout)?, secret, timeout, &token, 0)?;
-        let i = tcp::add_peer(&self.shared, stream, token)?;
+        let open = crate::stream::OPEN_TCP;
+        let stream = tcp::open(dial(addr, timeout)?, open, secret, timeout, &token, 0)?;
+        let i = tcp::add_peer(&self.shared, stream, token, None)?;
         let name = self.introduced(i, addr)?;
         // More lanes, once the peer knows the first.
         for lane in 1..tcp::LANES as u8 {
             let added = dial(addr, timeout)
-                .and_then(|c| tcp::open(c, secret, timeout, &token, lane))
+                .and_then(|c| tcp::open(c, open, secret, timeout, &token, lane))
                 .and_then(|c| tcp::attach(&self.shared, i, c, lane));
             if let Err(e) = added {
                 tracing::info!(target: "monel::xfer", "{}: TCP lane {lane} to {name}: {e}", self.shared.name);
@@ -536,21 +607,21 @@ impl Agent {
         }
     }
 
-    /// The link peer `peer` is reached over: "rdma" or "tcp".
+    /// The link peer `peer` is reached over: "shm", "rdma" or "tcp".
     pub fn transport(&self, peer: &str) -> Result<&'static str> {
         let st = self.shared.state();
         let i = find_peer(&st, peer)?;
         Ok(st.peers[i].link.name())
     }
 
-    /// The lanes slices to peer `peer` spread over: 1 on RDMA (one queue pair), the TCP
-    /// connections over TCP.
+    /// The lanes slices to peer `peer` spread over: 1 on RDMA (one queue pair) and on shared
+    /// memory (one copying thread), the TCP connections over TCP.
     pub fn lanes(&self, peer: &str) -> Result<usize> {
         let st = self.shared.state();
         let i = find_peer(&st, peer)?;
         Ok(match &st.peers[i].link {
             Link::Rdma { .. } => 1,
-            Link::Tcp(t) => t.lanes.len(),
+            Link::Tcp(t) => t.cma.as_ref().map_or(t.lanes.len(), cma::Cma::lanes),
             Link::Gone(_) => 0,
         })
     }
@@ -592,7 +663,7 @@ impl Agent {
         };
         if let Link::Tcp(t) = &st.peers[i].link {
             plan.slice = plan.slice.min(crate::stream::MAX_DATA as u64);
-            plan.lanes = t.lanes.len();
+            plan.lanes = t.cma.as_ref().map_or(t.lanes.len(), cma::Cma::lanes);
         }
         let batch = Batch::plan(
             descs,
@@ -764,7 +835,7 @@ fn publish(st: &mut State, name: &str, mr: MemoryRegion) -> Result<()> {
         }],
     )?;
     st.local.table.insert(seg)?;
-    st.local.mrs.insert(name.to_string(), mr);
+    st.local.mrs.insert(name.to_string(), Arc::new(mr));
     let table = Msg::Segments(st.local.published());
     if table.encode().len() > MSG_MAX {
         st.local.table.remove(name)?;
@@ -949,6 +1020,19 @@ fn pump(st: &mut State) {
                     }
                 }
             }
+            Link::Tcp(t) if t.cma.is_some() => {
+                let c = t.cma.as_mut().expect("a shared-memory link");
+                for lane in 0..c.lanes() {
+                    while p.lost.is_none() && c.has_room(lane) {
+                        let Some(sl) = e.batch.take(lane) else { break };
+                        let tag = WR_SLICE | u64::from(id) << 32 | sl.id as u64;
+                        let job = shm_job(local, &p.remote, tag, &sl);
+                        if let Err(err) = job.and_then(|j| c.post(lane, j)) {
+                            e.batch.complete(sl.id, Err(err));
+                        }
+                    }
+                }
+            }
             Link::Tcp(t) => {
                 for (lane, l) in t.lanes.iter_mut().enumerate() {
                     while p.lost.is_none() && l.in_flight < tcp::DEPTH {
@@ -999,6 +1083,41 @@ fn release_lost(peers: &mut [Peer]) {
         p.queued = VecDeque::new();
         p.remote = SegmentTable::new();
     }
+}
+
+/// One slice as a copy for a shared-memory peer: its local range resolved to the
+/// registration (held while the copy runs), its remote range checked against what the peer
+/// publishes now (a revoked segment takes no new copies).
+fn shm_job(
+    local: &Local,
+    remote: &SegmentTable,
+    tag: u64,
+    sl: &crate::batch::Slice,
+) -> Result<cma::Job> {
+    let len = sl.len as usize;
+    let (mr, off) = tcp::region(local, sl.local_key, false, sl.local_addr, len)
+        .ok_or_else(|| XferError::Transport("the local segment is gone".into()))?;
+    let end = sl.remote_addr.checked_add(u64::from(sl.len));
+    let inside = remote.iter().any(|seg| {
+        seg.buffers.iter().any(|b| {
+            b.key == sl.remote_key
+                && b.addr <= sl.remote_addr
+                && end.is_some_and(|e| b.addr.checked_add(b.len).is_some_and(|be| e <= be))
+        })
+    });
+    if !inside {
+        return Err(XferError::Transport(
+            "remote access error: the peer no longer publishes the range".into(),
+        ));
+    }
+    Ok(cma::Job::Slice {
+        tag,
+        op: sl.op,
+        local: mr.clone(),
+        local_off: off,
+        remote: sl.remote_addr,
+        len,
+    })
 }
 
 /// Posts one slice as an RDMA WRITE or READ on `qp`.
@@ -1111,9 +1230,13 @@ fn accept_loop(s: &Arc<Shared>, listener: TcpListener) {
 /// The server's side of a new connection whose first bytes were `open`.
 fn take_peer(s: &Arc<Shared>, c: TcpStream, open: &[u8; 8]) -> Result<usize> {
     let t = s.cfg.transport;
-    if (open == crate::stream::OPEN_RDMA && t == Transport::Tcp)
-        || (open == crate::stream::OPEN_TCP && t == Transport::Rdma)
-    {
+    let wanted = match t {
+        Transport::Auto => true,
+        Transport::Rdma => open == crate::stream::OPEN_RDMA,
+        Transport::Tcp => open == crate::stream::OPEN_TCP,
+        Transport::Shm => open == crate::stream::OPEN_SHM,
+    };
+    if !wanted {
         return Err(XferError::Transport(format!(
             "this agent takes {t:?} links only"
         )));
@@ -1125,10 +1248,19 @@ fn take_peer(s: &Arc<Shared>, c: TcpStream, open: &[u8; 8]) -> Result<usize> {
     } else if open == crate::stream::OPEN_TCP {
         let (c, token, lane) = tcp::accept(c, s.cfg.secret.as_deref(), s.cfg.timeout)?;
         if lane == 0 {
-            tcp::add_peer(s, c, token)
+            tcp::add_peer(s, c, token, None)
         } else {
             tcp::add_lane(s, c, token, lane)
         }
+    } else if open == crate::stream::OPEN_SHM {
+        let (mut c, token, lane) = tcp::accept(c, s.cfg.secret.as_deref(), s.cfg.timeout)?;
+        if lane != 0 {
+            return Err(XferError::BadMessage(
+                "a second lane for a shared-memory peer".into(),
+            ));
+        }
+        let found = cma::server(&mut c, &token, s.cfg.timeout)?;
+        tcp::add_peer(s, c, token, Some(found))
     } else {
         Err(XferError::BadMessage(
             "not a transfer agent's connection".into(),
@@ -1249,6 +1381,18 @@ fn apply(st: &mut State, i: usize, m: Msg) -> Result<()> {
         }
         Msg::Revoke(name) => {
             st.peers[i].remote.remove(&name)?;
+            // Over shared memory, the peer keeps the memory until our copies queued so far
+            // are done: the copying thread says so after them.
+            if let Link::Tcp(t) = &st.peers[i].link {
+                if let Some(c) = &t.cma {
+                    c.revoked(&name)?;
+                }
+            }
+        }
+        Msg::Revoked(name) => {
+            if let Some(waiting) = st.revoking.get_mut(&name) {
+                waiting.retain(|&k| k != i);
+            }
         }
         Msg::Notify { seq, payload } => {
             let from = st.peers[i].name.clone().ok_or_else(|| {

@@ -20,7 +20,7 @@ use monel_verbs::auth::nonce;
 use super::{Link, Local, MSG_MAX, Shared, apply, end_slice, io, next_peer, pump, push_peer};
 use crate::batch::{Op, Slice};
 use crate::error::{Result, XferError};
-use crate::stream::{self, ACCESS_ERROR, Frame, HEADER, Head, OK, OPEN_TCP};
+use crate::stream::{self, ACCESS_ERROR, Frame, HEADER, Head, OK};
 use crate::wire::Msg;
 
 /// Slices in flight on one TCP connection.
@@ -39,6 +39,9 @@ const BUF: usize = 256 << 10;
 pub(super) struct Lanes {
     pub(super) lanes: Vec<TcpLink>,
     pub(super) token: [u8; 16],
+    /// On one host: slices go as copies between the processes' memory instead
+    /// ([`super::cma`]), and lane 0 carries the messages alone.
+    pub(super) cma: Option<super::cma::Cma>,
 }
 
 impl Lanes {
@@ -133,13 +136,13 @@ impl TcpLink {
 
 /// The registration of `local` that `key` names (a local key, or with `remote` the remote
 /// key it published), and where `[addr, addr + len)` starts in it, if it lies inside.
-fn region(
+pub(super) fn region(
     local: &Local,
     key: u32,
     remote: bool,
     addr: u64,
     len: usize,
-) -> Option<(&MemoryRegion, usize)> {
+) -> Option<(&Arc<MemoryRegion>, usize)> {
     let mr = local.mrs.values().find(|m| {
         if remote {
             m.rkey().0 == key
@@ -151,17 +154,19 @@ fn region(
     (off.checked_add(len)? <= mr.len()).then_some((mr, off))
 }
 
-/// The client's side of a new TCP connection on `c`: says which link it opens, proves the
-/// job secret, checks the server's proof, then names the peer (`token`) and the lane.
+/// The client's side of a new TCP connection on `c`: says which link it opens (`opening`:
+/// TCP's or shared memory's), proves the job secret, checks the server's proof, then names
+/// the peer (`token`) and the lane.
 pub(super) fn open(
     mut c: TcpStream,
+    opening: &[u8; 8],
     secret: Option<&[u8]>,
     timeout: Duration,
     token: &[u8; 16],
     lane: u8,
 ) -> Result<TcpStream> {
     c.set_read_timeout(Some(timeout)).map_err(io)?;
-    c.write_all(OPEN_TCP).map_err(io)?;
+    c.write_all(opening).map_err(io)?;
     let mut hello = [0u8; 17];
     c.read_exact(&mut hello).map_err(io)?;
     if hello[0] == 1 && secret.is_none() {
@@ -259,9 +264,14 @@ fn start(s: &Arc<Shared>, i: usize, lane: usize, c: TcpStream) -> Result<TcpLink
     })
 }
 
-/// Takes an authenticated connection in as a new peer's lane 0: starts its threads,
-/// introduces this agent and publishes its segments.
-pub(super) fn add_peer(s: &Arc<Shared>, c: TcpStream, token: [u8; 16]) -> Result<usize> {
+/// Takes an authenticated connection in as a new peer's lane 0 (of a shared-memory link
+/// with `found`): starts its threads, introduces this agent and publishes its segments.
+pub(super) fn add_peer(
+    s: &Arc<Shared>,
+    c: TcpStream,
+    token: [u8; 16],
+    found: Option<super::cma::Found>,
+) -> Result<usize> {
     let mut st = s.state();
     let i = next_peer(&st)?;
     if st
@@ -272,9 +282,11 @@ pub(super) fn add_peer(s: &Arc<Shared>, c: TcpStream, token: [u8; 16]) -> Result
         return Err(XferError::BadMessage("a peer's token used again".into()));
     }
     let lane = start(s, i, 0, c)?;
+    let cma = found.map(|f| super::cma::start(s, i, f)).transpose()?;
     let link = Lanes {
         lanes: vec![lane],
         token,
+        cma,
     };
     push_peer(s, &mut st, Link::Tcp(link))
 }
@@ -297,6 +309,11 @@ pub(super) fn attach(s: &Arc<Shared>, i: usize, c: TcpStream, lane: u8) -> Resul
     let Link::Tcp(l) = &st.peers[i].link else {
         return Err(XferError::BadMessage("a TCP lane for an RDMA peer".into()));
     };
+    if l.cma.is_some() {
+        return Err(XferError::BadMessage(
+            "a TCP lane for a shared-memory peer".into(),
+        ));
+    }
     if usize::from(lane) != l.lanes.len() || l.lanes.len() >= LANES {
         return Err(XferError::BadMessage(format!(
             "lane {lane} of a peer with {} (at most {LANES})",

@@ -1,0 +1,275 @@
+//! The shared-memory link: agents on one host move exact bytes both ways by copies between
+//! their processes, with the notification after the data; bad descriptors fail alone; a
+//! revoked segment's memory is left alone once `deregister` returns; a peer process killed
+//! mid-batch fails that batch alone; Auto takes shared memory on one host.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{desc, pattern};
+use monel_verbs::Device;
+use monel_xfer::{Agent, AgentConfig, Desc, DescState, Op, Transport, XferError};
+
+const SECRET: &[u8] = b"job secret for the shared-memory tests";
+const T: Duration = Duration::from_secs(20);
+
+fn agent(name: &str, ip: &str, transport: Transport) -> Agent {
+    let dev = Device::bind(ip.parse().unwrap()).unwrap();
+    let listen: SocketAddr = format!("{ip}:0").parse().unwrap();
+    let mut cfg = AgentConfig::new(name, dev, listen, Some(SECRET.to_vec()));
+    cfg.transport = transport;
+    cfg.udp_port = 0;
+    Agent::new(cfg).unwrap()
+}
+
+fn notified(a: &Agent) -> Vec<monel_xfer::Notification> {
+    let n = a.wait_notifications(T);
+    assert!(!n.is_empty(), "no notification within {T:?}");
+    n
+}
+
+#[test]
+fn shared_memory_peers_move_exact_bytes_and_the_notification_follows_the_data() {
+    let decode = agent("decode-s", "127.0.3.61", Transport::Shm);
+    let prefill = agent("prefill-s", "127.0.3.62", Transport::Auto);
+    decode.register("kv", 16 << 20).unwrap();
+    prefill.register("blocks", 16 << 20).unwrap();
+    let src = pattern(16 << 20, 0x31);
+    prefill.write_local("blocks", 0, &src).unwrap();
+    let kv = pattern(16 << 20, 0x42);
+    decode.write_local("kv", 0, &kv).unwrap();
+    assert_eq!(prefill.connect(decode.address()).unwrap(), "decode-s");
+    assert_eq!(prefill.transport("decode-s").unwrap(), "shm");
+    assert_eq!(prefill.lanes("decode-s").unwrap(), 2); // two copying threads
+    // 9 MiB WRITE (sliced), 100 small contiguous WRITEs (merged), a 1 MiB READ.
+    let mut descs = vec![desc(Op::Write, "blocks", 0, "kv", 1 << 20, 9 << 20)];
+    descs.extend((0..100u64).map(|k| {
+        let at = (12 << 20) + k * 512;
+        desc(Op::Write, "blocks", at, "kv", at, 512)
+    }));
+    descs.push(desc(Op::Read, "blocks", 10 << 20, "kv", 0, 1 << 20));
+    let id = prefill
+        .transfer("decode-s", &descs, Some(b"request 1".to_vec()))
+        .unwrap();
+    let states = prefill.wait(id, T).unwrap();
+    assert!(states.iter().all(|s| *s == DescState::Done), "{states:?}");
+    let n = notified(&decode);
+    assert_eq!(
+        (n[0].from.as_str(), n[0].payload.as_slice()),
+        ("prefill-s", &b"request 1"[..])
+    );
+    let mut got = vec![0u8; 16 << 20];
+    decode.read_local("kv", 0, &mut got).unwrap();
+    assert!(got[..1 << 20] == kv[..1 << 20]);
+    assert!(got[1 << 20..10 << 20] == src[..9 << 20]);
+    assert!(got[10 << 20..12 << 20] == kv[10 << 20..12 << 20]);
+    assert!(got[12 << 20..(12 << 20) + 51200] == src[12 << 20..(12 << 20) + 51200]);
+    assert!(got[(12 << 20) + 51200..] == kv[(12 << 20) + 51200..]);
+    let mut back = vec![0u8; 1 << 20];
+    prefill.read_local("blocks", 10 << 20, &mut back).unwrap();
+    assert!(back == kv[..1 << 20], "the READ brought the target's bytes");
+    // The other way too: the target was told of the link and writes back.
+    assert_eq!(decode.transport("prefill-s").unwrap(), "shm");
+    let id = decode
+        .transfer(
+            "prefill-s",
+            &[desc(Op::Write, "kv", 0, "blocks", 0, 4096)],
+            None,
+        )
+        .unwrap();
+    assert_eq!(decode.wait(id, T).unwrap(), [DescState::Done]);
+    prefill.read_local("blocks", 0, &mut back[..4096]).unwrap();
+    assert!(back[..4096] == kv[..4096]);
+}
+
+#[test]
+fn bad_descriptors_fail_alone_over_shared_memory() {
+    let decode = agent("decode-b", "127.0.3.63", Transport::Shm);
+    let prefill = agent("prefill-b", "127.0.3.64", Transport::Shm);
+    decode.register("kv", 4096).unwrap();
+    prefill.register("src", 4096).unwrap();
+    prefill.write_local("src", 0, &[7u8; 4096]).unwrap();
+    prefill.connect(decode.address()).unwrap();
+    let descs = [
+        desc(Op::Write, "src", 0, "nope", 0, 8),
+        desc(Op::Write, "src", 0, "kv", 4000, 100),
+        desc(Op::Write, "src", 0, "kv", 64, 16),
+    ];
+    let id = prefill
+        .transfer("decode-b", &descs, Some(b"x".to_vec()))
+        .unwrap();
+    let st = prefill.wait(id, T).unwrap();
+    assert!(
+        matches!(&st[0], DescState::Failed(XferError::UnknownSegment(_))),
+        "{st:?}"
+    );
+    assert!(
+        matches!(&st[1], DescState::Failed(XferError::OutOfRange { .. })),
+        "{st:?}"
+    );
+    assert_eq!(st[2], DescState::Done);
+    let mut got = vec![0u8; 4096];
+    decode.read_local("kv", 0, &mut got).unwrap();
+    assert!(got[64..80].iter().all(|&b| b == 7));
+    assert!(got[..64].iter().chain(&got[80..]).all(|&b| b == 0));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        decode.notifications().is_empty(),
+        "a failed batch notifies nobody"
+    );
+}
+
+/// The peer copies into the target's memory itself, so `deregister` must not return while
+/// a copy into the segment may still come: the caller frees the memory right after.
+#[test]
+fn a_revoked_segment_is_left_alone_once_deregister_returns() {
+    let decode = Arc::new(agent("decode-r", "127.0.3.65", Transport::Shm));
+    let prefill = Arc::new(agent("prefill-r", "127.0.3.66", Transport::Shm));
+    let mut mem = vec![0u8; 8 << 20];
+    // SAFETY: `mem` outlives the segment (deregistered below, before it is read or dropped).
+    #[allow(unsafe_code)]
+    unsafe {
+        decode
+            .register_in_place("kv", mem.as_mut_ptr(), mem.len())
+            .unwrap();
+    }
+    prefill.register("src", 8 << 20).unwrap();
+    prefill.write_local("src", 0, &[0xAB; 8 << 20]).unwrap();
+    prefill.connect(decode.address()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (p, s) = (prefill.clone(), stop.clone());
+    let writer = std::thread::spawn(move || {
+        let descs: Vec<Desc<'_>> = (0..8u64)
+            .map(|k| desc(Op::Write, "src", k << 20, "kv", k << 20, 1 << 20))
+            .collect();
+        let (mut done, mut failed) = (0, 0);
+        while !s.load(Ordering::Acquire) {
+            let Ok(id) = p.transfer("decode-r", &descs, None) else {
+                failed += 1;
+                continue;
+            };
+            let st = p.wait(id, T).unwrap();
+            done += st.iter().filter(|d| **d == DescState::Done).count();
+            failed += st.len() - st.iter().filter(|d| **d == DescState::Done).count();
+        }
+        (done, failed)
+    });
+    // Let copies run, then revoke in the middle of them.
+    let t0 = Instant::now();
+    while mem_seen(&mem) == 0 {
+        assert!(t0.elapsed() < T, "no copy landed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    decode.deregister("kv").unwrap();
+    // Nothing may land any more: clear the memory and watch it.
+    mem.fill(0);
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Release);
+    let (done, failed) = writer.join().unwrap();
+    assert!(done > 0 && failed > 0, "done {done}, failed {failed}");
+    assert_eq!(mem_seen(&mem), 0, "a copy landed after deregister returned");
+    // The link goes on: the peer was not cut off.
+    assert_eq!(prefill.peers(), ["decode-r"]);
+    decode.register("kv2", 4096).unwrap();
+    let t0 = Instant::now();
+    while prefill.remote_segments("decode-r").unwrap().len() != 1 {
+        assert!(t0.elapsed() < T);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let id = prefill
+        .transfer(
+            "decode-r",
+            &[desc(Op::Write, "src", 0, "kv2", 0, 4096)],
+            None,
+        )
+        .unwrap();
+    assert_eq!(prefill.wait(id, T).unwrap(), [DescState::Done]);
+}
+
+fn mem_seen(mem: &[u8]) -> usize {
+    // SAFETY-free volatile-ish read: another process writes this memory as a NIC would.
+    mem.iter()
+        .map(|b| std::hint::black_box(*b))
+        .filter(|&b| b != 0)
+        .count()
+}
+
+/// The victim of [`a_shared_memory_peer_killed_mid_batch_fails_that_batch_alone`].
+#[test]
+#[ignore = "the victim process a_shared_memory_peer_killed_mid_batch_fails_that_batch_alone starts"]
+fn shm_victim_process() {
+    let ip = std::env::var("XFER_VICTIM_IP").expect("XFER_VICTIM_IP: run by the killing test");
+    let a = agent("a", &ip, Transport::Shm);
+    a.register("dst", 64 << 20).unwrap();
+    println!("ADDR {}", a.address());
+    std::thread::sleep(T);
+}
+
+#[test]
+fn a_shared_memory_peer_killed_mid_batch_fails_that_batch_alone() {
+    use std::io::BufRead;
+    let mut victim = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "shm_victim_process", "--nocapture"])
+        .env("XFER_VICTIM_IP", "127.0.3.67")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(victim.stdout.take().unwrap()).lines();
+    let addr: SocketAddr = loop {
+        let l = lines
+            .next()
+            .expect("the victim printed no address")
+            .unwrap();
+        if let Some(a) = l.strip_prefix("ADDR ") {
+            break a.parse().unwrap();
+        }
+    };
+    let c = agent("c", "127.0.3.68", Transport::Shm);
+    let b = agent("b", "127.0.3.69", Transport::Shm);
+    c.register("dst", 1 << 20).unwrap();
+    b.register("src", 64 << 20).unwrap();
+    assert_eq!(b.connect(addr).unwrap(), "a");
+    assert_eq!(b.transport("a").unwrap(), "shm");
+    b.connect(c.address()).unwrap();
+    // Many rounds of 64 MiB, so the kill lands mid-batch.
+    let big: Vec<Desc<'_>> = (0..1024u64)
+        .map(|k| {
+            desc(
+                Op::Write,
+                "src",
+                (k % 64) << 20,
+                "dst",
+                (k % 64) << 20,
+                1 << 20,
+            )
+        })
+        .collect();
+    let id = b.transfer("a", &big, None).unwrap();
+    while !b.status(id).unwrap().contains(&DescState::Done) {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    let t0 = Instant::now();
+    let s = b.wait(id, T).unwrap();
+    assert!(s.contains(&DescState::Done), "{s:?}");
+    assert!(
+        s.iter()
+            .any(|d| matches!(d, DescState::Failed(XferError::PeerLost(_)))),
+        "{s:?}"
+    );
+    eprintln!(
+        "the lost peer's batch ended {:?} after the kill",
+        t0.elapsed()
+    );
+    let id = b
+        .transfer("c", &[desc(Op::Write, "src", 0, "dst", 0, 1 << 20)], None)
+        .unwrap();
+    assert_eq!(b.wait(id, T).unwrap(), [DescState::Done]);
+    assert_eq!(b.peers(), ["c"]);
+}
