@@ -134,13 +134,14 @@ switch_stop
 
 # 5. Disaggregated serving (examples/kv_disagg.py): prefill in mnl-a WRITEs each request's
 #    KV blocks into decode's cache in mnl-b through the transfer engine, over RDMA (the soft
-#    RNIC) and over TCP on a clean path, then over RDMA across loss and reordering (the
-#    switch impairs UDP only); the tokens must equal single-process generation.
+#    RNIC) and over TCP on a clean path, with the automatic choice (shared memory cannot
+#    cross namespaces: it must fall back to RDMA), then over RDMA across loss and reordering
+#    (the switch impairs UDP only); the tokens must equal single-process generation.
 py=${MONEL_PY:-$here/../../target/py-venv/bin/python}
 "$py" -c "import monel.xfer, torch" || fail "$py has no monel package with torch (run scripts/test.sh first, or set MONEL_PY)"
 example=$here/../../examples/kv_disagg.py
 secret=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-for run in clean:rdma clean:tcp impaired:rdma; do
+for run in clean:rdma clean:tcp clean:auto impaired:rdma; do
   path=${run%:*} link=${run#*:}
   if [[ $path == clean ]]; then switch_start; else
     switch_start --loss 0.01 --reorder 0.01 --reorder-us 100 --duplicate 0.005 --delay-us 50 --seed 15
@@ -154,6 +155,8 @@ for run in clean:rdma clean:tcp impaired:rdma; do
   switch_stop >/dev/null
   grep -q "8/8 requests generated exactly the single-process tokens" "$out/kv-$path-$link.srv.out" ||
     fail "kv_disagg ($path path, $link): tokens differ"
+  want=${link/auto/rdma}
+  grep -q "over $want" "$out/kv-$path-$link.srv.out" || fail "kv_disagg ($path path, $link): not over $want"
   echo "kv_disagg, $path path, $link: $(tail -1 "$out/kv-$path-$link.srv.out")"
 done
 

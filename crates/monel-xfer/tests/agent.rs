@@ -198,23 +198,7 @@ fn victim_process() {
 
 #[test]
 fn a_peer_killed_mid_batch_fails_that_batch_alone() {
-    use std::io::BufRead;
-    let mut victim = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "victim_process", "--nocapture"])
-        .env("XFER_VICTIM_IP", "127.0.3.8")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(victim.stdout.take().unwrap()).lines();
-    let addr: SocketAddr = loop {
-        let l = lines
-            .next()
-            .expect("the victim printed no address")
-            .unwrap();
-        if let Some(a) = l.strip_prefix("ADDR ") {
-            break a.parse().unwrap();
-        }
-    };
+    let (mut victim, addr) = common::spawn_victim("victim_process", "127.0.3.8");
     let c = agent("c", "127.0.3.10", Some(SECRET));
     let b = agent("b", "127.0.3.9", Some(SECRET));
     c.register("dst", 1 << 20).unwrap();

@@ -94,33 +94,8 @@ fn bad_descriptors_fail_alone_over_shared_memory() {
     prefill.register("src", 4096).unwrap();
     prefill.write_local("src", 0, &[7u8; 4096]).unwrap();
     prefill.connect(decode.address()).unwrap();
-    let descs = [
-        desc(Op::Write, "src", 0, "nope", 0, 8),
-        desc(Op::Write, "src", 0, "kv", 4000, 100),
-        desc(Op::Write, "src", 0, "kv", 64, 16),
-    ];
-    let id = prefill
-        .transfer("decode-b", &descs, Some(b"x".to_vec()))
-        .unwrap();
-    let st = prefill.wait(id, T).unwrap();
-    assert!(
-        matches!(&st[0], DescState::Failed(XferError::UnknownSegment(_))),
-        "{st:?}"
-    );
-    assert!(
-        matches!(&st[1], DescState::Failed(XferError::OutOfRange { .. })),
-        "{st:?}"
-    );
-    assert_eq!(st[2], DescState::Done);
-    let mut got = vec![0u8; 4096];
-    decode.read_local("kv", 0, &mut got).unwrap();
-    assert!(got[64..80].iter().all(|&b| b == 7));
-    assert!(got[..64].iter().chain(&got[80..]).all(|&b| b == 0));
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(
-        decode.notifications().is_empty(),
-        "a failed batch notifies nobody"
-    );
+    assert_eq!(prefill.transport("decode-b").unwrap(), "shm");
+    common::bad_descriptors_fail_alone(&decode, &prefill, "decode-b");
 }
 
 /// The peer copies into the target's memory itself, so `deregister` must not return while
@@ -212,23 +187,7 @@ fn shm_victim_process() {
 
 #[test]
 fn a_shared_memory_peer_killed_mid_batch_fails_that_batch_alone() {
-    use std::io::BufRead;
-    let mut victim = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "shm_victim_process", "--nocapture"])
-        .env("XFER_VICTIM_IP", "127.0.3.67")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(victim.stdout.take().unwrap()).lines();
-    let addr: SocketAddr = loop {
-        let l = lines
-            .next()
-            .expect("the victim printed no address")
-            .unwrap();
-        if let Some(a) = l.strip_prefix("ADDR ") {
-            break a.parse().unwrap();
-        }
-    };
+    let (mut victim, addr) = common::spawn_victim("shm_victim_process", "127.0.3.67");
     let c = agent("c", "127.0.3.68", Transport::Shm);
     let b = agent("b", "127.0.3.69", Transport::Shm);
     c.register("dst", 1 << 20).unwrap();

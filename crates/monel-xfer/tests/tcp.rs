@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::{desc, pattern};
 use monel_verbs::Device;
-use monel_xfer::{Agent, AgentConfig, DescState, Op, Transport, XferError};
+use monel_xfer::{Agent, AgentConfig, DescState, Op, Transport};
 
 const SECRET: &[u8] = b"job secret for the tcp tests";
 const T: Duration = Duration::from_secs(20);
@@ -94,33 +94,7 @@ fn bad_descriptors_fail_alone_over_tcp() {
     prefill.register("src", 4096).unwrap();
     prefill.write_local("src", 0, &[7u8; 4096]).unwrap();
     prefill.connect(decode.address()).unwrap();
-    let descs = [
-        desc(Op::Write, "src", 0, "nope", 0, 8),
-        desc(Op::Write, "src", 0, "kv", 4000, 100),
-        desc(Op::Write, "src", 0, "kv", 64, 16),
-    ];
-    let id = prefill
-        .transfer("decode-u", &descs, Some(b"x".to_vec()))
-        .unwrap();
-    let st = prefill.wait(id, T).unwrap();
-    assert!(
-        matches!(&st[0], DescState::Failed(XferError::UnknownSegment(_))),
-        "{st:?}"
-    );
-    assert!(
-        matches!(&st[1], DescState::Failed(XferError::OutOfRange { .. })),
-        "{st:?}"
-    );
-    assert_eq!(st[2], DescState::Done);
-    let mut got = vec![0u8; 4096];
-    decode.read_local("kv", 0, &mut got).unwrap();
-    assert!(got[64..80].iter().all(|&b| b == 7));
-    assert!(got[..64].iter().chain(&got[80..]).all(|&b| b == 0));
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(
-        decode.notifications().is_empty(),
-        "a failed batch notifies nobody"
-    );
+    common::bad_descriptors_fail_alone(&decode, &prefill, "decode-u");
 }
 
 #[test]
