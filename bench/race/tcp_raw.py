@@ -1,35 +1,45 @@
 """Raw TCP bandwidth on one path: the TCP link's own best, for the transfer-engine race.
 STREAMS connections each send BLOCK-byte writes for SECONDS (the receiver reads into one
 buffer with recv_into, no copy in Python); prints GB/s (10^9 B/s) of all streams together.
-Usage: tcp_raw.py SERVER_IP CLIENT_IP BLOCK STREAMS SECONDS"""
+Usage: tcp_raw.py SERVER_IP CLIENT_IP BLOCK STREAMS SECONDS    (both ends in this process)
+       tcp_raw.py sink IP PORT STREAMS                         (the receiving end: prints GB/s)
+       tcp_raw.py source SERVER_IP PORT BLOCK STREAMS SECONDS  (the sending end)"""
 import socket
 import sys
 import threading
 import time
 
 
-def main():
-    sip, cip, block, streams, secs = sys.argv[1], sys.argv[2], *map(float, sys.argv[3:6])
-    block, streams = int(block), int(streams)
-    srv = socket.socket()
-    srv.bind((sip, 0))
-    srv.listen(streams)
-    port = srv.getsockname()[1]
+def sink(srv, block, streams):
+    """Takes `streams` connections on `srv` and reads them to the end; returns GB/s from
+    the first connection to the last byte."""
     got = [0] * streams
+    start = []
 
-    def sink(k):
+    def run(k):
         c, _ = srv.accept()
-        buf = bytearray(max(block, 1 << 20))
-        view = memoryview(buf)
+        if not start:
+            start.append(time.perf_counter())
+        view = memoryview(bytearray(max(block, 1 << 20)))
         while True:
             n = c.recv_into(view)
             if n == 0:
                 return
             got[k] += n
 
-    def source():
+    ts = [threading.Thread(target=run, args=(k,)) for k in range(streams)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return sum(got) / (time.perf_counter() - start[0]) / 1e9
+
+
+def sources(sip, port, cip, block, streams, secs):
+    def run():
         c = socket.socket()
-        c.bind((cip, 0))
+        if cip:
+            c.bind((cip, 0))
         c.connect((sip, port))
         data = memoryview(bytearray(b"\xa5" * block))
         end = time.perf_counter() + secs
@@ -37,17 +47,35 @@ def main():
             c.sendall(data)
         c.close()
 
-    sinks = [threading.Thread(target=sink, args=(k,)) for k in range(streams)]
-    for t in sinks:
+    ts = [threading.Thread(target=run) for _ in range(streams)]
+    for t in ts:
         t.start()
-    t0 = time.perf_counter()
-    sources = [threading.Thread(target=source) for _ in range(streams)]
-    for t in sources:
-        t.start()
-    for t in sources + sinks:
+    for t in ts:
         t.join()
-    took = time.perf_counter() - t0
-    print(f"raw tcp {sum(got) / took / 1e9:.3f} GB/s")
+
+
+def main():
+    a = sys.argv[1:]
+    if a[0] == "sink":
+        srv = socket.socket()
+        srv.bind((a[1], int(a[2])))
+        srv.listen(int(a[3]))
+        print(f"raw tcp {sink(srv, 1 << 20, int(a[3])):.3f} GB/s", flush=True)
+        return
+    if a[0] == "source":
+        sources(a[1], int(a[2]), None, int(a[3]), int(a[4]), float(a[5]))
+        return
+    sip, cip, block, streams, secs = a[0], a[1], int(a[2]), int(a[3]), float(a[4])
+    srv = socket.socket()
+    srv.bind((sip, 0))
+    srv.listen(streams)
+    port = srv.getsockname()[1]
+    out = []
+    t = threading.Thread(target=lambda: out.append(sink(srv, block, streams)))
+    t.start()
+    sources(sip, port, cip, block, streams, secs)
+    t.join()
+    print(f"raw tcp {out[0]:.3f} GB/s")
 
 
 if __name__ == "__main__":

@@ -13,9 +13,9 @@
 //! - [`stream`]: the TCP transport's opening, proofs and frames;
 //!
 //! and its I/O edges: [`registry`], where agents of a job find each other by name (etcd);
-//! [`agent`]: an agent that reaches each peer over RDMA (Monel's verbs: the
-//! soft RNIC, or a kernel RDMA device; one authenticated RC queue pair) or, where RDMA does
-//! not work, over one authenticated TCP connection.
+//! [`agent`]: an agent that reaches each peer over shared memory (a process on the same
+//! host), RDMA (Monel's verbs: the soft RNIC, or a kernel RDMA device; authenticated RC
+//! queue pairs) or, where neither works, authenticated TCP connections.
 //!
 //! See `docs/xfer.md` for the model next to Mooncake's and NIXL's.
 

@@ -5,8 +5,10 @@
 //! address on the target until it was found inside a registration the target published.
 //!
 //! ```text
-//! opening    client: "MXFRRDMA" (then the connection manager's exchange), "MXFRTCP1", or
-//!            "MXFRSHM1" (TCP's hello, then the shared-memory set-up: agent::cma)
+//! opening    client: "MXFRRDMA" (then the connection manager's exchange), "MXFRRDML"
+//!            token[16] (a further queue pair of the peer that sent that token: the same
+//!            exchange), "MXFRTCP1", or "MXFRSHM1" (TCP's hello, then the shared-memory
+//!            set-up: agent::cma)
 //! tcp hello  server: flags:u8 nonce_s[16]          client: nonce_c[16] mac_c[32]
 //!            server: status:u8 mac_s[32]
 //! frame      len:u32 kind:u8 body               (len counts kind and body)
@@ -29,6 +31,9 @@ use crate::wire::MAX_MESSAGE;
 pub const OPEN_RDMA: &[u8; 8] = b"MXFRRDMA";
 /// What a client sends first: the connection is the TCP transport.
 pub const OPEN_TCP: &[u8; 8] = b"MXFRTCP1";
+/// What a client sends first: the connection manager's exchange for a further queue pair
+/// (lane) of an RDMA peer, named by the token that peer sent on its first.
+pub const OPEN_RDMA_LANE: &[u8; 8] = b"MXFRRDML";
 /// What a client sends first: the connection carries a shared-memory link's messages.
 pub const OPEN_SHM: &[u8; 8] = b"MXFRSHM1";
 /// Largest slice one put or get carries.

@@ -41,6 +41,10 @@ pub enum Msg {
     /// it is in flight any more (over shared memory, where the sender itself writes into
     /// the receiver's memory, the receiver keeps the memory until this comes).
     Revoked(String),
+    /// The token the sender's further RDMA connections to the receiver present, so that
+    /// their queue pairs join this peer's (lanes). It travels only on the authenticated,
+    /// protected queue pair.
+    Lanes([u8; 16]),
 }
 
 impl Msg {
@@ -78,6 +82,10 @@ impl Msg {
             Self::Revoked(name) => {
                 out.push(5);
                 put_name(&mut out, name);
+            }
+            Self::Lanes(token) => {
+                out.push(6);
+                out.extend_from_slice(token);
             }
         }
         out
@@ -156,6 +164,7 @@ impl Msg {
                 Self::Hello(name)
             }
             5 => Self::Revoked(r.name()?),
+            6 => Self::Lanes(r.take(16)?.try_into().expect("16 bytes")),
             k => return Err(bad(&format!("unknown message kind {k}"))),
         };
         if !r.b.is_empty() {
@@ -263,6 +272,7 @@ mod tests {
             Msg::Revoke("kv-layer-0".into()),
             Msg::Hello("prefill-0".into()),
             Msg::Revoked("kv-layer-1".into()),
+            Msg::Lanes([7; 16]),
         ] {
             let b = m.encode();
             assert_eq!(Msg::decode(&b).unwrap(), m);

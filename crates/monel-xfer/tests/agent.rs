@@ -45,6 +45,16 @@ fn reads_and_writes_move_exact_bytes_and_the_notification_follows_the_data() {
     let src = pattern(4 << 20, 0x5a);
     prefill.write_local("blocks", 0, &src).unwrap();
     assert_eq!(prefill.connect(decode.address()).unwrap(), "decode-0");
+    // Two queue pairs, slices spread over both; the target joined the second to the first.
+    assert_eq!(prefill.lanes("decode-0").unwrap(), 2);
+    let t0 = Instant::now();
+    while decode.lanes("prefill-0").unwrap_or(0) != 2 {
+        assert!(
+            t0.elapsed() < T,
+            "the target never joined the second queue pair"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     // Decode sees prefill's segments once prefill introduced itself.
     let t0 = Instant::now();
     while decode.remote_segments("prefill-0").map_or(0, |s| s.len()) != 1 {
@@ -240,7 +250,7 @@ fn a_peer_killed_mid_batch_fails_that_batch_alone() {
     // What the lost peer held (its queue pair and buffers) is released; it is still named.
     assert_eq!(b.lanes("a").unwrap(), 0);
     assert_eq!(b.transport("a").unwrap(), "rdma");
-    assert_eq!(b.lanes("c").unwrap(), 1);
+    assert_eq!(b.lanes("c").unwrap(), 2);
     assert_eq!(b.peers(), ["c"]);
 }
 

@@ -2,10 +2,12 @@
 //! works ([`Transport`]):
 //!
 //! - RDMA, over Monel's verbs (the soft RNIC, or a kernel RDMA device through rdma-core):
-//!   one RC queue pair, set up by Monel's connection manager (both sides prove the job
-//!   secret, and the queue pair's packets are then protected with keys from it); the agents'
-//!   messages (names, segment tables, notifications) go as SENDs on that queue pair, so they
-//!   are as protected as the data; READs and WRITEs go straight between registered segments;
+//!   [`RDMA_LANES`] RC queue pairs, each set up by Monel's connection manager (both sides
+//!   prove the job secret, and the queue pair's packets are then protected with keys from
+//!   it); the agents' messages (names, segment tables, notifications, the token that joins
+//!   the further queue pairs to the first) go as SENDs on the first, so they are as
+//!   protected as the data; READs and WRITEs go straight between registered segments, spread
+//!   over the queue pairs;
 //! - TCP, where RDMA does not work: one connection whose two sides proved the job
 //!   secret; the target carries out each READ and WRITE against its own registrations;
 //! - shared memory, between agents on one host: the messages go as on TCP, and each READ
@@ -56,6 +58,12 @@ const TX_SLOTS: usize = 16;
 const MAX_QUEUED: usize = 4096;
 /// Work requests each peer's queue pair holds.
 const SQ_DEPTH: u32 = 256;
+/// Queue pairs per RDMA peer (lanes): slices spread over them (over several ports or paths
+/// where the fabric has them). The first carries the agents' messages too.
+pub const RDMA_LANES: usize = 2;
+/// Slices in flight on each lane: the peer's [`SQ_DEPTH`] shared among them, so the one
+/// completion queue's bound on peers holds.
+const LANE_DEPTH: u32 = SQ_DEPTH / RDMA_LANES as u32;
 /// Completions the agent's one CQ holds (rxe allows at most 32,767).
 const CQ_DEPTH: usize = 16 << 10;
 /// Most live peers: each can have its queue pair's every work request complete at once.
@@ -152,12 +160,14 @@ impl BatchId {
 
 /// How a peer is reached.
 enum Link {
-    /// A queue pair, with the regions its messages go through.
+    /// Queue pairs (lanes, each with its slices in flight; the first carries the
+    /// messages), the regions the messages go through, and the token further lanes present.
     Rdma {
-        qp: QueuePair,
+        qps: Vec<(QueuePair, u32)>,
         rx: MemoryRegion,
         tx: MemoryRegion,
         tx_free: Vec<usize>,
+        token: Option<[u8; 16]>,
     },
     /// TCP connections.
     Tcp(tcp::Lanes),
@@ -184,8 +194,6 @@ struct Peer {
     /// Messages waiting for a send slot, in order.
     queued: VecDeque<Vec<u8>>,
     outbox: Outbox,
-    /// Slices posted and not yet ended.
-    in_flight: u32,
     /// Its segment table arrived.
     published: bool,
     lost: Option<XferError>,
@@ -553,7 +561,35 @@ impl Agent {
         stream.write_all(crate::stream::OPEN_RDMA).map_err(io)?;
         cm::connect_stream(stream, &qp, None, &cm_config(&self.shared.cfg)).map_err(verbs)?;
         let i = add_rdma_peer(&self.shared, qp)?;
-        self.introduced(i, addr)
+        let name = self.introduced(i, addr)?;
+        // More queue pairs, named by a token the peer learns on the first.
+        let token = tcp::token();
+        {
+            let mut st = self.shared.state();
+            let p = &mut st.peers[i];
+            send_msg(p, i, &Msg::Lanes(token))?;
+            if let Link::Rdma { token: t, .. } = &mut p.link {
+                *t = Some(token);
+            }
+        }
+        for lane in 1..RDMA_LANES {
+            if let Err(e) = self.add_rdma_lane(i, addr, &token) {
+                tracing::info!(target: "monel::xfer", "{}: RDMA lane {lane} to {name}: {e}", self.shared.name);
+                break;
+            }
+        }
+        Ok(name)
+    }
+
+    fn add_rdma_lane(&self, i: usize, addr: SocketAddr, token: &[u8; 16]) -> Result<()> {
+        let qp = new_qp(&self.shared)?;
+        let mut stream = dial(addr, self.shared.cfg.timeout)?;
+        stream
+            .write_all(crate::stream::OPEN_RDMA_LANE)
+            .map_err(io)?;
+        stream.write_all(token).map_err(io)?;
+        cm::connect_stream(stream, &qp, None, &cm_config(&self.shared.cfg)).map_err(verbs)?;
+        join_lane(&self.shared, i, qp)
     }
 
     fn connect_tcp(&self, addr: SocketAddr) -> Result<String> {
@@ -620,7 +656,7 @@ impl Agent {
         let st = self.shared.state();
         let i = find_peer(&st, peer)?;
         Ok(match &st.peers[i].link {
-            Link::Rdma { .. } => 1,
+            Link::Rdma { qps, .. } => qps.len(),
             Link::Tcp(t) => t.cma.as_ref().map_or(t.lanes.len(), cma::Cma::lanes),
             Link::Gone(_) => 0,
         })
@@ -661,6 +697,9 @@ impl Agent {
             lanes: 1,
             ..self.shared.cfg.plan
         };
+        if let Link::Rdma { qps, .. } = &st.peers[i].link {
+            plan.lanes = qps.len();
+        }
         if let Link::Tcp(t) = &st.peers[i].link {
             plan.slice = plan.slice.min(crate::stream::MAX_DATA as u64);
             plan.lanes = t.cma.as_ref().map_or(t.lanes.len(), cma::Cma::lanes);
@@ -867,12 +906,30 @@ fn add_rdma_peer(s: &Shared, qp: QueuePair) -> Result<usize> {
         .map_err(verbs)?;
     }
     let link = Link::Rdma {
-        qp,
+        qps: vec![(qp, 0)],
         rx,
         tx,
         tx_free: (0..TX_SLOTS).collect(),
+        token: None,
     };
     push_peer(s, &mut st, link)
+}
+
+/// Adds `qp` (connected) as the next lane of RDMA peer `i`.
+fn join_lane(s: &Shared, i: usize, qp: QueuePair) -> Result<()> {
+    let mut st = s.state();
+    match &mut st.peers[i].link {
+        Link::Rdma { qps, .. } if qps.len() < RDMA_LANES => qps.push((qp, 0)),
+        _ => {
+            return Err(XferError::BadMessage(format!(
+                "a lane of a peer that has {RDMA_LANES}, or is not on RDMA"
+            )));
+        }
+    }
+    pump(&mut st);
+    drop(st);
+    s.changed.notify_all();
+    Ok(())
 }
 
 /// The index the next peer gets, if one more may come.
@@ -896,7 +953,6 @@ fn push_peer(s: &Shared, st: &mut State, link: Link) -> Result<usize> {
         remote: SegmentTable::new(),
         queued: VecDeque::new(),
         outbox: Outbox::default(),
-        in_flight: 0,
         published: false,
         lost: None,
     });
@@ -956,23 +1012,25 @@ fn send_queued(p: &mut Peer, i: usize) -> Result<()> {
     while p.lost.is_none() && !p.queued.is_empty() {
         match &mut p.link {
             Link::Rdma {
-                qp, tx, tx_free, ..
+                qps, tx, tx_free, ..
             } => {
                 let Some(slot) = tx_free.pop() else {
                     return Ok(());
                 };
                 let bytes = p.queued.pop_front().expect("not empty");
                 tx.write(slot * MSG_MAX, &bytes).map_err(verbs)?;
-                qp.post_send(SendWr {
-                    wr_id: WR_MSG_TX | (i as u64) << 16 | slot as u64,
-                    op: SendOp::Send,
-                    sg_list: vec![tx.sge(slot * MSG_MAX, bytes.len())],
-                    flags: SendFlags {
-                        signaled: true,
-                        ..SendFlags::default()
-                    },
-                })
-                .map_err(verbs)?;
+                qps[0]
+                    .0
+                    .post_send(SendWr {
+                        wr_id: WR_MSG_TX | (i as u64) << 16 | slot as u64,
+                        op: SendOp::Send,
+                        sg_list: vec![tx.sge(slot * MSG_MAX, bytes.len())],
+                        flags: SendFlags {
+                            signaled: true,
+                            ..SendFlags::default()
+                        },
+                    })
+                    .map_err(verbs)?;
             }
             Link::Tcp(t) => {
                 let bytes = p.queued.pop_front().expect("not empty");
@@ -1010,13 +1068,16 @@ fn pump(st: &mut State) {
             }
         }
         match &mut p.link {
-            Link::Rdma { qp, .. } => {
-                while p.lost.is_none() && p.in_flight < SQ_DEPTH {
-                    let Some(sl) = e.batch.take(0) else { break };
-                    let tag = WR_SLICE | u64::from(id) << 32 | sl.id as u64;
-                    match post_slice(qp, tag, &sl) {
-                        Ok(()) => p.in_flight += 1,
-                        Err(err) => e.batch.complete(sl.id, Err(err)),
+            Link::Rdma { qps, .. } => {
+                for (lane, (qp, n)) in qps.iter_mut().enumerate() {
+                    while p.lost.is_none() && *n < LANE_DEPTH {
+                        let Some(sl) = e.batch.take(lane) else { break };
+                        let tag =
+                            WR_SLICE | u64::from(id) << 32 | (lane as u64) << 24 | sl.id as u64;
+                        match post_slice(qp, tag, &sl) {
+                            Ok(()) => *n += 1,
+                            Err(err) => e.batch.complete(sl.id, Err(err)),
+                        }
                     }
                 }
             }
@@ -1146,17 +1207,15 @@ fn post_slice(qp: &QueuePair, tag: u64, sl: &crate::batch::Slice) -> Result<()> 
     .map_err(verbs)
 }
 
-/// Slice `tag` (a batch and slice number, as posted) ended with `result` on peer `i`.
+/// Slice `tag` (a batch and slice number, and on RDMA its lane, as posted) ended with
+/// `result` on peer `i`.
 fn end_slice(st: &mut State, i: usize, tag: u64, result: Result<()>) {
     let id = ((tag >> 32) & 0x00ff_ffff) as u32;
-    let slice = (tag & 0xffff_ffff) as usize;
+    let slice = (tag & 0x00ff_ffff) as usize;
     if let Some(e) = st.batches.get_mut(&id) {
-        if e.peer != i {
-            return;
+        if e.peer == i {
+            e.batch.complete(slice, result);
         }
-        let p = &mut st.peers[i];
-        p.in_flight = p.in_flight.saturating_sub(1);
-        e.batch.complete(slice, result);
     }
 }
 
@@ -1232,7 +1291,9 @@ fn take_peer(s: &Arc<Shared>, c: TcpStream, open: &[u8; 8]) -> Result<usize> {
     let t = s.cfg.transport;
     let wanted = match t {
         Transport::Auto => true,
-        Transport::Rdma => open == crate::stream::OPEN_RDMA,
+        Transport::Rdma => {
+            open == crate::stream::OPEN_RDMA || open == crate::stream::OPEN_RDMA_LANE
+        }
         Transport::Tcp => open == crate::stream::OPEN_TCP,
         Transport::Shm => open == crate::stream::OPEN_SHM,
     };
@@ -1245,6 +1306,33 @@ fn take_peer(s: &Arc<Shared>, c: TcpStream, open: &[u8; 8]) -> Result<usize> {
         let qp = new_qp(s)?;
         cm::accept_stream(c, &qp, None, &cm_config(&s.cfg)).map_err(verbs)?;
         add_rdma_peer(s, qp)
+    } else if open == crate::stream::OPEN_RDMA_LANE {
+        let mut c = c;
+        c.set_read_timeout(Some(s.cfg.timeout)).map_err(io)?;
+        let mut token = [0u8; 16];
+        std::io::Read::read_exact(&mut c, &mut token).map_err(io)?;
+        let qp = new_qp(s)?;
+        cm::accept_stream(c, &qp, None, &cm_config(&s.cfg)).map_err(verbs)?;
+        // The token came on the peer's first queue pair; wait for it to be taken in.
+        let deadline = Instant::now() + s.cfg.timeout;
+        let mut st = s.state();
+        let i = loop {
+            let found = st.peers.iter().position(|p| {
+                p.lost.is_none()
+                    && matches!(&p.link, Link::Rdma { token: Some(t), .. } if *t == token)
+            });
+            if let Some(i) = found {
+                break i;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(XferError::BadMessage("an RDMA lane for no peer".into()));
+            }
+            st = wait(s, st, left);
+        };
+        drop(st);
+        join_lane(s, i, qp)?;
+        Ok(i)
     } else if open == crate::stream::OPEN_TCP {
         let (c, token, lane) = tcp::accept(c, s.cfg.secret.as_deref(), s.cfg.timeout)?;
         if lane == 0 {
@@ -1295,11 +1383,13 @@ fn handle(st: &mut State, wc: &monel_verbs::WorkCompletion) {
             let Some(i) = st.batches.get(&id).map(|e| e.peer) else {
                 return;
             };
-            let result = if ok {
-                Ok(())
-            } else {
-                Err(lost(&mut st.peers[i], wc.status))
-            };
+            let p = &mut st.peers[i];
+            if let Link::Rdma { qps, .. } = &mut p.link {
+                if let Some((_, n)) = qps.get_mut(((wc.wr_id >> 24) & 0xff) as usize) {
+                    *n = n.saturating_sub(1);
+                }
+            }
+            let result = if ok { Ok(()) } else { Err(lost(p, wc.status)) };
             end_slice(st, i, wc.wr_id, result);
         }
         WR_MSG_TX => {
@@ -1341,8 +1431,8 @@ fn handle(st: &mut State, wc: &monel_verbs::WorkCompletion) {
                 p.lost = Some(e);
                 return;
             }
-            if let Link::Rdma { qp, rx, .. } = &p.link {
-                let _ = qp.post_recv(RecvWr {
+            if let Link::Rdma { qps, rx, .. } = &p.link {
+                let _ = qps[0].0.post_recv(RecvWr {
                     wr_id: wc.wr_id,
                     sg_list: vec![rx.sge(slot * MSG_MAX, MSG_MAX)],
                 });
@@ -1394,6 +1484,17 @@ fn apply(st: &mut State, i: usize, m: Msg) -> Result<()> {
                 waiting.retain(|&k| k != i);
             }
         }
+        Msg::Lanes(t) => match &mut st.peers[i].link {
+            Link::Rdma {
+                token: token @ None,
+                ..
+            } => *token = Some(t),
+            _ => {
+                return Err(XferError::BadMessage(
+                    "a lane token twice, or off RDMA".into(),
+                ));
+            }
+        },
         Msg::Notify { seq, payload } => {
             let from = st.peers[i].name.clone().ok_or_else(|| {
                 XferError::BadMessage("a notification before the introduction".into())
