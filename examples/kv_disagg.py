@@ -16,7 +16,8 @@ The decode process also runs every request in one process (prefill and decode on
 memory) and checks that the generated tokens are exactly equal. It prints each request's
 time to first token, split into prefill compute and KV transfer, and the transfer's GB/s.
 
-    python examples/kv_disagg.py                                  # both, two processes, loopback
+    python examples/kv_disagg.py                                  # both, two processes, one host
+    python examples/kv_disagg.py --transport rdma                 # shm (default here), rdma, tcp
     python examples/kv_disagg.py --role decode --ip 10.0.0.2      # on one host (or netns)
     python examples/kv_disagg.py --role prefill --ip 10.0.0.1 --peer 10.0.0.2
     python examples/kv_disagg.py --etcd 10.0.0.9:2379 ...         # meet by name through etcd

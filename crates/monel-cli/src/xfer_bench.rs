@@ -47,8 +47,8 @@ pub(crate) struct XferBenchArgs {
     /// The target serves this many seconds (0: until killed).
     #[arg(long, default_value_t = 0)]
     serve: u64,
-    /// The link to the peer: auto (RDMA where it works, else TCP), rdma or tcp. A target
-    /// given one accepts only that.
+    /// The link to the peer: auto (shared memory on one host, else RDMA where it works, else
+    /// TCP), shm, rdma or tcp. A target given one accepts only that.
     #[arg(long, default_value = "auto")]
     transport: String,
 }

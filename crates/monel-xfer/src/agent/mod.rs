@@ -11,9 +11,10 @@
 //! - TCP, where RDMA does not work: one connection whose two sides proved the job
 //!   secret; the target carries out each READ and WRITE against its own registrations;
 //! - shared memory, between agents on one host: the messages go as on TCP, and each READ
-//!   and WRITE is one copy by the initiator between the two processes' memory ([`cma`]).
+//!   and WRITE is one copy by the initiator between the two processes' memory
+//!   (cross-memory attach).
 //!
-//! One address serves both: a client's first bytes say which link it opens
+//! One address serves all three: a client's first bytes say which link it opens
 //! ([`crate::stream`]). Threads: one accepts peers (each handshake on a thread of its own),
 //! one drives RDMA completions (it decodes messages, ends slices, posts what waits, wakes
 //! waiters), two per TCP peer (one reads, one writes), and one more per shared-memory peer
