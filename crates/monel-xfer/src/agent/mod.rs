@@ -22,23 +22,25 @@
 //! batches' slices fail with [`XferError::PeerLost`], nothing else is touched.
 
 mod cma;
+mod rdma;
 mod tcp;
 
+pub use rdma::RDMA_LANES;
+use rdma::{RX_SLOTS, SQ_DEPTH, TX_SLOTS};
+
 use std::collections::{HashMap, VecDeque};
-use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use monel_verbs::cm::{self, CmConfig};
+use monel_verbs::cm;
 use monel_verbs::greeter::Greeter;
 use monel_verbs::protect::PacketAuth;
 use monel_verbs::{
-    AccessFlags, CompletionQueue, ConnectParams, Context, ContextConfig, Device, MemoryRegion, Mtu,
-    ProtectionDomain, QpCap, QpInitAttr, QpType, QueuePair, RKey, RecvWr, RemoteAddr, SendFlags,
-    SendOp, SendWr, VerbsError, WcOpcode, WcStatus,
+    AccessFlags, CompletionQueue, Context, ContextConfig, Device, MemoryRegion, ProtectionDomain,
+    QueuePair, VerbsError,
 };
 
 use crate::batch::{Batch, Desc, DescState, Plan};
@@ -51,20 +53,9 @@ use crate::wire::Msg;
 /// Largest message between agents on the wire (a segment table of about 6,000 buffers, or
 /// a 64 KiB notification).
 const MSG_MAX: usize = 128 << 10;
-/// Receive slots per peer for its messages, and send slots for ours.
-const RX_SLOTS: usize = 16;
-const TX_SLOTS: usize = 16;
 /// Messages queued for one peer beyond its send slots (notifications of batches that
 /// finished faster than the peer takes them).
 const MAX_QUEUED: usize = 4096;
-/// Work requests each peer's queue pair holds.
-const SQ_DEPTH: u32 = 256;
-/// Queue pairs per RDMA peer (lanes): slices spread over them (over several ports or paths
-/// where the fabric has them). The first carries the agents' messages too.
-pub const RDMA_LANES: usize = 2;
-/// Slices in flight on each lane: the peer's [`SQ_DEPTH`] shared among them, so the one
-/// completion queue's bound on peers holds.
-const LANE_DEPTH: u32 = SQ_DEPTH / RDMA_LANES as u32;
 /// Completions the agent's one CQ holds (rxe allows at most 32,767).
 const CQ_DEPTH: usize = 16 << 10;
 /// Most live peers: each can have its queue pair's every work request complete at once.
@@ -75,8 +66,6 @@ const SEGMENT_ACCESS: AccessFlags = AccessFlags(
 );
 /// `wr_id` kinds.
 const WR_SLICE: u64 = 1 << 56;
-const WR_MSG_TX: u64 = 2 << 56;
-const WR_MSG_RX: u64 = 3 << 56;
 
 /// Which links an agent opens to its peers, and accepts from them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -344,7 +333,7 @@ impl Agent {
                 .map_err(|e| XferError::Transport(e.to_string()))?,
             std::thread::Builder::new()
                 .name(format!("xfer-progress-{}", shared.name))
-                .spawn(move || progress_loop(&s2))
+                .spawn(move || rdma::progress_loop(&s2))
                 .map_err(|e| XferError::Transport(e.to_string()))?,
         ];
         if let (Some(id), Some(r)) = (lease, shared.cfg.registry.clone()) {
@@ -557,40 +546,10 @@ impl Agent {
     }
 
     fn connect_rdma(&self, addr: SocketAddr) -> Result<String> {
-        let qp = new_qp(&self.shared)?;
-        let mut stream = dial(addr, self.shared.cfg.timeout)?;
-        stream.write_all(crate::stream::OPEN_RDMA).map_err(io)?;
-        cm::connect_stream(stream, &qp, None, &cm_config(&self.shared.cfg)).map_err(verbs)?;
-        let i = add_rdma_peer(&self.shared, qp)?;
+        let i = rdma::connect(&self.shared, addr)?;
         let name = self.introduced(i, addr)?;
-        // More queue pairs, named by a token the peer learns on the first.
-        let token = tcp::token();
-        {
-            let mut st = self.shared.state();
-            let p = &mut st.peers[i];
-            send_msg(p, i, &Msg::Lanes(token))?;
-            if let Link::Rdma { token: t, .. } = &mut p.link {
-                *t = Some(token);
-            }
-        }
-        for lane in 1..RDMA_LANES {
-            if let Err(e) = self.add_rdma_lane(i, addr, &token) {
-                tracing::info!(target: "monel::xfer", "{}: RDMA lane {lane} to {name}: {e}", self.shared.name);
-                break;
-            }
-        }
+        rdma::add_lanes(&self.shared, i, addr, &name)?;
         Ok(name)
-    }
-
-    fn add_rdma_lane(&self, i: usize, addr: SocketAddr, token: &[u8; 16]) -> Result<()> {
-        let qp = new_qp(&self.shared)?;
-        let mut stream = dial(addr, self.shared.cfg.timeout)?;
-        stream
-            .write_all(crate::stream::OPEN_RDMA_LANE)
-            .map_err(io)?;
-        stream.write_all(token).map_err(io)?;
-        cm::connect_stream(stream, &qp, None, &cm_config(&self.shared.cfg)).map_err(verbs)?;
-        join_lane(&self.shared, i, qp)
     }
 
     fn connect_tcp(&self, addr: SocketAddr) -> Result<String> {
@@ -830,40 +789,6 @@ impl Drop for Agent {
     }
 }
 
-fn cm_config(cfg: &AgentConfig) -> CmConfig {
-    CmConfig {
-        secret: cfg.secret.clone(),
-        mtu: Mtu::Mtu4096,
-        // RoCE v2 over IPv4 where the port has it (a kernel device's GID 0 is RoCE v1).
-        gid_index: cfg.device.ipv4_gid_index().unwrap_or(0),
-        timeout: cfg.timeout,
-        params: ConnectParams {
-            // A peer that is gone ends in about a second, not never.
-            retry_cnt: 5,
-            ..ConnectParams::default()
-        },
-        auth: cfg.auth,
-    }
-}
-
-fn new_qp(s: &Shared) -> Result<QueuePair> {
-    s.pd.create_qp(&QpInitAttr {
-        send_cq: &s.cq,
-        recv_cq: &s.cq,
-        cap: QpCap {
-            max_send_wr: SQ_DEPTH + TX_SLOTS as u32,
-            max_recv_wr: RX_SLOTS as u32,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        qp_type: QpType::Rc,
-        sq_sig_all: false,
-        srq: None,
-    })
-    .map_err(verbs)
-}
-
 /// Adds `mr` to the table as segment `name` and sends every peer the new table.
 fn publish(st: &mut State, name: &str, mr: MemoryRegion) -> Result<()> {
     let seg = Segment::new(
@@ -885,51 +810,6 @@ fn publish(st: &mut State, name: &str, mr: MemoryRegion) -> Result<()> {
         )));
     }
     broadcast(st, &table);
-    Ok(())
-}
-
-/// Takes a connected queue pair in as a peer: posts its receives, introduces this agent and
-/// publishes its segments.
-fn add_rdma_peer(s: &Shared, qp: QueuePair) -> Result<usize> {
-    let rx =
-        s.pd.reg_mr(vec![0u8; RX_SLOTS * MSG_MAX], AccessFlags::LOCAL_WRITE)
-            .map_err(verbs)?;
-    let tx =
-        s.pd.reg_mr(vec![0u8; TX_SLOTS * MSG_MAX], AccessFlags::LOCAL_WRITE)
-            .map_err(verbs)?;
-    let mut st = s.state();
-    let i = next_peer(&st)?;
-    for slot in 0..RX_SLOTS {
-        qp.post_recv(RecvWr {
-            wr_id: WR_MSG_RX | (i as u64) << 16 | slot as u64,
-            sg_list: vec![rx.sge(slot * MSG_MAX, MSG_MAX)],
-        })
-        .map_err(verbs)?;
-    }
-    let link = Link::Rdma {
-        qps: vec![(qp, 0)],
-        rx,
-        tx,
-        tx_free: (0..TX_SLOTS).collect(),
-        token: None,
-    };
-    push_peer(s, &mut st, link)
-}
-
-/// Adds `qp` (connected) as the next lane of RDMA peer `i`.
-fn join_lane(s: &Shared, i: usize, qp: QueuePair) -> Result<()> {
-    let mut st = s.state();
-    match &mut st.peers[i].link {
-        Link::Rdma { qps, .. } if qps.len() < RDMA_LANES => qps.push((qp, 0)),
-        _ => {
-            return Err(XferError::BadMessage(format!(
-                "a lane of a peer that has {RDMA_LANES}, or is not on RDMA"
-            )));
-        }
-    }
-    pump(&mut st);
-    drop(st);
-    s.changed.notify_all();
     Ok(())
 }
 
@@ -1019,19 +899,7 @@ fn send_queued(p: &mut Peer, i: usize) -> Result<()> {
                     return Ok(());
                 };
                 let bytes = p.queued.pop_front().expect("not empty");
-                tx.write(slot * MSG_MAX, &bytes).map_err(verbs)?;
-                qps[0]
-                    .0
-                    .post_send(SendWr {
-                        wr_id: WR_MSG_TX | (i as u64) << 16 | slot as u64,
-                        op: SendOp::Send,
-                        sg_list: vec![tx.sge(slot * MSG_MAX, bytes.len())],
-                        flags: SendFlags {
-                            signaled: true,
-                            ..SendFlags::default()
-                        },
-                    })
-                    .map_err(verbs)?;
+                rdma::send(&qps[0].0, tx, i, slot, &bytes)?;
             }
             Link::Tcp(t) => {
                 let bytes = p.queued.pop_front().expect("not empty");
@@ -1069,19 +937,7 @@ fn pump(st: &mut State) {
             }
         }
         match &mut p.link {
-            Link::Rdma { qps, .. } => {
-                for (lane, (qp, n)) in qps.iter_mut().enumerate() {
-                    while p.lost.is_none() && *n < LANE_DEPTH {
-                        let Some(sl) = e.batch.take(lane) else { break };
-                        let tag =
-                            WR_SLICE | u64::from(id) << 32 | (lane as u64) << 24 | sl.id as u64;
-                        match post_slice(qp, tag, &sl) {
-                            Ok(()) => *n += 1,
-                            Err(err) => e.batch.complete(sl.id, Err(err)),
-                        }
-                    }
-                }
-            }
+            Link::Rdma { qps, .. } => rdma::post_slices(qps, &mut e.batch, id, p.lost.is_some()),
             Link::Tcp(t) if t.cma.is_some() => {
                 let c = t.cma.as_mut().expect("a shared-memory link");
                 for lane in 0..c.lanes() {
@@ -1182,32 +1038,6 @@ fn shm_job(
     })
 }
 
-/// Posts one slice as an RDMA WRITE or READ on `qp`.
-fn post_slice(qp: &QueuePair, tag: u64, sl: &crate::batch::Slice) -> Result<()> {
-    let remote = RemoteAddr {
-        addr: sl.remote_addr,
-        rkey: RKey(sl.remote_key),
-    };
-    let op = match sl.op {
-        crate::batch::Op::Write => SendOp::Write(remote),
-        crate::batch::Op::Read => SendOp::Read(remote),
-    };
-    qp.post_send(SendWr {
-        wr_id: tag,
-        op,
-        sg_list: vec![monel_verbs::Sge {
-            addr: sl.local_addr,
-            length: sl.len,
-            lkey: monel_verbs::LKey(sl.local_key),
-        }],
-        flags: SendFlags {
-            signaled: true,
-            ..SendFlags::default()
-        },
-    })
-    .map_err(verbs)
-}
-
 /// Slice `tag` (a batch and slice number, and on RDMA its lane, as posted) ended with
 /// `result` on peer `i`.
 fn end_slice(st: &mut State, i: usize, tag: u64, result: Result<()>) {
@@ -1304,36 +1134,9 @@ fn take_peer(s: &Arc<Shared>, c: TcpStream, open: &[u8; 8]) -> Result<usize> {
         )));
     }
     if open == crate::stream::OPEN_RDMA {
-        let qp = new_qp(s)?;
-        cm::accept_stream(c, &qp, None, &cm_config(&s.cfg)).map_err(verbs)?;
-        add_rdma_peer(s, qp)
+        rdma::accept(s, c)
     } else if open == crate::stream::OPEN_RDMA_LANE {
-        let mut c = c;
-        c.set_read_timeout(Some(s.cfg.timeout)).map_err(io)?;
-        let mut token = [0u8; 16];
-        std::io::Read::read_exact(&mut c, &mut token).map_err(io)?;
-        let qp = new_qp(s)?;
-        cm::accept_stream(c, &qp, None, &cm_config(&s.cfg)).map_err(verbs)?;
-        // The token came on the peer's first queue pair; wait for it to be taken in.
-        let deadline = Instant::now() + s.cfg.timeout;
-        let mut st = s.state();
-        let i = loop {
-            let found = st.peers.iter().position(|p| {
-                p.lost.is_none()
-                    && matches!(&p.link, Link::Rdma { token: Some(t), .. } if *t == token)
-            });
-            if let Some(i) = found {
-                break i;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(XferError::BadMessage("an RDMA lane for no peer".into()));
-            }
-            st = wait(s, st, left);
-        };
-        drop(st);
-        join_lane(s, i, qp)?;
-        Ok(i)
+        rdma::accept_lane(s, c)
     } else if open == crate::stream::OPEN_TCP {
         let (c, token, lane) = tcp::accept(c, s.cfg.secret.as_deref(), s.cfg.timeout)?;
         if lane == 0 {
@@ -1355,100 +1158,6 @@ fn take_peer(s: &Arc<Shared>, c: TcpStream, open: &[u8; 8]) -> Result<usize> {
             "not a transfer agent's connection".into(),
         ))
     }
-}
-
-fn progress_loop(s: &Arc<Shared>) {
-    let mut wcs = Vec::new();
-    while !s.stop.load(Ordering::Acquire) {
-        wcs.clear();
-        if s.cq.poll_into(64, &mut wcs) == 0 {
-            s.cq.wait(Duration::from_millis(20));
-            continue;
-        }
-        let mut st = s.state();
-        for wc in &wcs {
-            handle(&mut st, wc);
-        }
-        pump(&mut st);
-        drop(st);
-        s.changed.notify_all();
-    }
-}
-
-fn handle(st: &mut State, wc: &monel_verbs::WorkCompletion) {
-    let kind = wc.wr_id & (0xff << 56);
-    let ok = wc.status == WcStatus::Success;
-    match kind {
-        WR_SLICE => {
-            let id = ((wc.wr_id >> 32) & 0x00ff_ffff) as u32;
-            let Some(i) = st.batches.get(&id).map(|e| e.peer) else {
-                return;
-            };
-            let p = &mut st.peers[i];
-            if let Link::Rdma { qps, .. } = &mut p.link {
-                if let Some((_, n)) = qps.get_mut(((wc.wr_id >> 24) & 0xff) as usize) {
-                    *n = n.saturating_sub(1);
-                }
-            }
-            let result = if ok { Ok(()) } else { Err(lost(p, wc.status)) };
-            end_slice(st, i, wc.wr_id, result);
-        }
-        WR_MSG_TX => {
-            let (i, slot) = (
-                ((wc.wr_id >> 16) & 0xffff) as usize,
-                (wc.wr_id & 0xffff) as usize,
-            );
-            if let Some(p) = st.peers.get_mut(i) {
-                if let Link::Rdma { tx_free, .. } = &mut p.link {
-                    tx_free.push(slot);
-                }
-                if !ok {
-                    lost(p, wc.status);
-                }
-            }
-        }
-        WR_MSG_RX => {
-            let (i, slot) = (
-                ((wc.wr_id >> 16) & 0xffff) as usize,
-                (wc.wr_id & 0xffff) as usize,
-            );
-            if i >= st.peers.len() {
-                return;
-            }
-            if !ok || wc.opcode != WcOpcode::Recv {
-                lost(&mut st.peers[i], wc.status);
-                return;
-            }
-            let Link::Rdma { rx, .. } = &st.peers[i].link else {
-                return;
-            };
-            let len = (wc.byte_len as usize).min(MSG_MAX);
-            let mut bytes = vec![0u8; len];
-            let _ = rx.read(slot * MSG_MAX, &mut bytes);
-            let taken = Msg::decode(&bytes).and_then(|m| apply(st, i, m));
-            let p = &mut st.peers[i];
-            if let Err(e) = taken {
-                // A peer that breaks the protocol is cut off; the others go on.
-                p.lost = Some(e);
-                return;
-            }
-            if let Link::Rdma { qps, rx, .. } = &p.link {
-                let _ = qps[0].0.post_recv(RecvWr {
-                    wr_id: wc.wr_id,
-                    sg_list: vec![rx.sge(slot * MSG_MAX, MSG_MAX)],
-                });
-            }
-        }
-        _ => {}
-    }
-}
-
-fn lost(p: &mut Peer, status: WcStatus) -> XferError {
-    let e = XferError::PeerLost(format!(
-        "{}: {status:?}",
-        p.name.as_deref().unwrap_or("a peer")
-    ));
-    p.lost.get_or_insert(e).clone()
 }
 
 fn apply(st: &mut State, i: usize, m: Msg) -> Result<()> {
