@@ -131,13 +131,14 @@ def _check(cuda: list[torch.Tensor], what: str, args) -> torch.device:
     return device
 
 
-def _stage(args: tuple, outputs, what: str):
+def _stage(args: tuple, outputs, what: str, device: Optional[torch.device] = None):
     """Uploads the CUDA tensors of `args` that are inputs into pinned host buffers on the
     copy stream (ordered after the caller's stream) and waits for that copy; returns the
     device, the copy stream, the host stand-ins by tensor id, the buffers, and the
-    (device tensor, host tensor) pairs results land from."""
-    cuda = [t for a in args for t in tensors_in(a) if t.is_cuda]
-    device = _check(cuda, what, args)
+    (device tensor, host tensor) pairs results land from. `device`: the call's, if its
+    tensors were checked already."""
+    if device is None:
+        device = _check([t for a in args for t in tensors_in(a) if t.is_cuda], what, args)
     out_args = range(len(args)) if outputs is None else outputs
     outs = {id(t): t for i in out_args if i < len(args) for t in tensors_in(args[i]) if t.is_cuda}
     ins = {
@@ -187,7 +188,7 @@ def run(pg, name: str, method: Callable, args: tuple, kwargs: dict, outputs, op:
         t = args[0][0]
         if t.numel() * t.element_size() >= 2 * _CHUNK:
             return _pipelined_allreduce(pg, t, op, args[1] if len(args) > 1 else None)
-    return staged(pg, method, args, kwargs, outputs, name)
+    return staged(pg, method, args, kwargs, outputs, name, device)
 
 
 def _pipelined_allreduce(pg, t: torch.Tensor, op: str, opts):
@@ -226,11 +227,11 @@ def _pipelined_allreduce(pg, t: torch.Tensor, op: str, opts):
     return work
 
 
-def staged(pg, method: Callable, args: tuple, kwargs: dict, outputs, what: str):
-    """Runs `method(pg, *args)` with every CUDA tensor staged through host memory.
-    `outputs`: the indices of the arguments whose tensors receive results (`None`: every
-    argument, for operations in place)."""
-    device, copy, host, bufs, landing = _stage(args, outputs, what)
+def staged(pg, method: Callable, args: tuple, kwargs: dict, outputs, what: str, device):
+    """Runs `method(pg, *args)` with every CUDA tensor staged through host memory (the
+    call's tensors checked, on `device`). `outputs`: the indices of the arguments whose
+    tensors receive results (`None`: every argument, for operations in place)."""
+    device, copy, host, bufs, landing = _stage(args, outputs, what, device)
     inner = method(pg, *_replace(list(args), host), **kwargs)
     work = CudaWork(pg, inner, landing, device, copy, bufs, args[0])
     if inner is None:  # finished here (a blocking call): the caller's stream waits

@@ -35,6 +35,8 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
+from monel._tensors import tensors_in
+
 _LOG = logging.getLogger("monel.cuda")
 _SLOT = int(os.environ.get("MONEL_CUDA_IPC_BYTES") or (32 << 20))
 _SHARED_MIN = 2 << 20  # the smallest call through IPC where ranks share a GPU
@@ -144,7 +146,7 @@ class Ipc:
     def _piece(self, q: int, dtype: torch.dtype, count: int) -> torch.Tensor:
         """Rank q's current buffer, as `count` elements of `dtype`."""
         half = (self._calls & 1) * _SLOT
-        nbytes = count * torch.empty((), dtype=dtype).element_size()
+        nbytes = count * dtype.itemsize
         return self.bufs[q][half:half + nbytes].view(dtype)
 
     def _ready(self, stream: torch.cuda.Stream) -> None:
@@ -164,7 +166,7 @@ class Ipc:
         return ev
 
     def elements(self, dtype: torch.dtype) -> int:
-        return _SLOT // torch.empty((), dtype=dtype).element_size()
+        return _SLOT // dtype.itemsize
 
     # -- operations: each on the caller's current stream; returns the event after it --------
 
@@ -356,8 +358,6 @@ def eligible(name: str, args: tuple, op: Optional[str]) -> bool:
     the operation, the reduction and the dtype only)."""
     if name not in OPS or (op is not None and op not in _REDUCE):
         return False
-    from monel._tensors import tensors_in
-
     return all(t.dtype in _DTYPES and (op != "avg" or t.is_floating_point())
                for a in args for t in tensors_in(a))
 
@@ -365,8 +365,6 @@ def eligible(name: str, args: tuple, op: Optional[str]) -> bool:
 def wanted(ipc: Ipc, args: tuple) -> bool:
     """Whether this call is large enough for IPC (the same answer on every rank: the
     operations here have the same sizes on every rank)."""
-    from monel._tensors import tensors_in
-
     return sum(t.numel() * t.element_size() for a in args for t in tensors_in(a)) >= ipc.min_bytes
 
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{desc, pattern};
 use monel_verbs::Device;
-use monel_xfer::{Agent, AgentConfig, Desc, DescState, Op, Transport, XferError};
+use monel_xfer::{Agent, AgentConfig, Desc, DescState, Op, Transport};
 
 const SECRET: &[u8] = b"job secret for the shared-memory tests";
 const T: Duration = Duration::from_secs(20);
@@ -24,12 +24,6 @@ fn agent(name: &str, ip: &str, transport: Transport) -> Agent {
     cfg.transport = transport;
     cfg.udp_port = 0;
     Agent::new(cfg).unwrap()
-}
-
-fn notified(a: &Agent) -> Vec<monel_xfer::Notification> {
-    let n = a.wait_notifications(T);
-    assert!(!n.is_empty(), "no notification within {T:?}");
-    n
 }
 
 #[test]
@@ -45,33 +39,8 @@ fn shared_memory_peers_move_exact_bytes_and_the_notification_follows_the_data() 
     assert_eq!(prefill.connect(decode.address()).unwrap(), "decode-s");
     assert_eq!(prefill.transport("decode-s").unwrap(), "shm");
     assert_eq!(prefill.lanes("decode-s").unwrap(), 2); // two copying threads
-    // 9 MiB WRITE (sliced), 100 small contiguous WRITEs (merged), a 1 MiB READ.
-    let mut descs = vec![desc(Op::Write, "blocks", 0, "kv", 1 << 20, 9 << 20)];
-    descs.extend((0..100u64).map(|k| {
-        let at = (12 << 20) + k * 512;
-        desc(Op::Write, "blocks", at, "kv", at, 512)
-    }));
-    descs.push(desc(Op::Read, "blocks", 10 << 20, "kv", 0, 1 << 20));
-    let id = prefill
-        .transfer("decode-s", &descs, Some(b"request 1".to_vec()))
-        .unwrap();
-    let states = prefill.wait(id, T).unwrap();
-    assert!(states.iter().all(|s| *s == DescState::Done), "{states:?}");
-    let n = notified(&decode);
-    assert_eq!(
-        (n[0].from.as_str(), n[0].payload.as_slice()),
-        ("prefill-s", &b"request 1"[..])
-    );
-    let mut got = vec![0u8; 16 << 20];
-    decode.read_local("kv", 0, &mut got).unwrap();
-    assert!(got[..1 << 20] == kv[..1 << 20]);
-    assert!(got[1 << 20..10 << 20] == src[..9 << 20]);
-    assert!(got[10 << 20..12 << 20] == kv[10 << 20..12 << 20]);
-    assert!(got[12 << 20..(12 << 20) + 51200] == src[12 << 20..(12 << 20) + 51200]);
-    assert!(got[(12 << 20) + 51200..] == kv[(12 << 20) + 51200..]);
-    let mut back = vec![0u8; 1 << 20];
-    prefill.read_local("blocks", 10 << 20, &mut back).unwrap();
-    assert!(back == kv[..1 << 20], "the READ brought the target's bytes");
+    common::a_batch_moves_exact_bytes(&decode, &prefill, "decode-s", "prefill-s", &src, &kv);
+    let mut back = vec![0u8; 4096];
     // The other way too: the target was told of the link and writes back.
     assert_eq!(decode.transport("prefill-s").unwrap(), "shm");
     let id = decode
@@ -82,8 +51,8 @@ fn shared_memory_peers_move_exact_bytes_and_the_notification_follows_the_data() 
         )
         .unwrap();
     assert_eq!(decode.wait(id, T).unwrap(), [DescState::Done]);
-    prefill.read_local("blocks", 0, &mut back[..4096]).unwrap();
-    assert!(back[..4096] == kv[..4096]);
+    prefill.read_local("blocks", 0, &mut back).unwrap();
+    assert!(back[..] == kv[..4096]);
 }
 
 #[test]
@@ -176,7 +145,7 @@ fn mem_seen(mem: &[u8]) -> usize {
 
 /// The victim of [`a_shared_memory_peer_killed_mid_batch_fails_that_batch_alone`].
 #[test]
-#[ignore = "the victim process a_shared_memory_peer_killed_mid_batch_fails_that_batch_alone starts"]
+#[ignore = "not a test alone: the child process that a_shared_memory_peer_killed_mid_batch_fails_that_batch_alone (in the default suite) starts and kills"]
 fn shm_victim_process() {
     let ip = std::env::var("XFER_VICTIM_IP").expect("XFER_VICTIM_IP: run by the killing test");
     let a = agent("a", &ip, Transport::Shm);
@@ -187,7 +156,7 @@ fn shm_victim_process() {
 
 #[test]
 fn a_shared_memory_peer_killed_mid_batch_fails_that_batch_alone() {
-    let (mut victim, addr) = common::spawn_victim("shm_victim_process", "127.0.3.67");
+    let (victim, addr) = common::spawn_victim("shm_victim_process", "127.0.3.67");
     let c = agent("c", "127.0.3.68", Transport::Shm);
     let b = agent("b", "127.0.3.69", Transport::Shm);
     c.register("dst", 1 << 20).unwrap();
@@ -195,40 +164,7 @@ fn a_shared_memory_peer_killed_mid_batch_fails_that_batch_alone() {
     assert_eq!(b.connect(addr).unwrap(), "a");
     assert_eq!(b.transport("a").unwrap(), "shm");
     b.connect(c.address()).unwrap();
-    // Many rounds of 64 MiB, so the kill lands mid-batch.
-    let big: Vec<Desc<'_>> = (0..1024u64)
-        .map(|k| {
-            desc(
-                Op::Write,
-                "src",
-                (k % 64) << 20,
-                "dst",
-                (k % 64) << 20,
-                1 << 20,
-            )
-        })
-        .collect();
-    let id = b.transfer("a", &big, None).unwrap();
-    while !b.status(id).unwrap().contains(&DescState::Done) {
-        std::thread::sleep(Duration::from_micros(200));
-    }
-    victim.kill().unwrap();
-    victim.wait().unwrap();
-    let t0 = Instant::now();
-    let s = b.wait(id, T).unwrap();
-    assert!(s.contains(&DescState::Done), "{s:?}");
-    assert!(
-        s.iter()
-            .any(|d| matches!(d, DescState::Failed(XferError::PeerLost(_)))),
-        "{s:?}"
-    );
-    eprintln!(
-        "the lost peer's batch ended {:?} after the kill",
-        t0.elapsed()
-    );
-    let id = b
-        .transfer("c", &[desc(Op::Write, "src", 0, "dst", 0, 1 << 20)], None)
-        .unwrap();
-    assert_eq!(b.wait(id, T).unwrap(), [DescState::Done]);
+    // Many rounds over 64 MiB, so the kill lands mid-batch.
+    common::a_killed_peer_fails_its_batch_alone(&b, victim, 1024);
     assert_eq!(b.peers(), ["c"]);
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::{desc, pattern};
 use monel_verbs::Device;
-use monel_xfer::{Agent, AgentConfig, DescState, Op, Transport};
+use monel_xfer::{Agent, AgentConfig, Op, Transport};
 
 const SECRET: &[u8] = b"job secret for the tcp tests";
 const T: Duration = Duration::from_secs(20);
@@ -42,48 +42,7 @@ fn tcp_peers_move_exact_bytes_and_the_notification_follows_the_data() {
         assert!(t0.elapsed() < T, "the target never saw the second lane");
         std::thread::sleep(Duration::from_millis(5));
     }
-    // 9 MiB WRITE (sliced), 100 small contiguous WRITEs (merged), a 5 MiB READ.
-    let mut descs = vec![desc(Op::Write, "blocks", 0, "kv", 1 << 20, 9 << 20)];
-    descs.extend((0..100u64).map(|k| {
-        desc(
-            Op::Write,
-            "blocks",
-            (12 << 20) + k * 512,
-            "kv",
-            (12 << 20) + k * 512,
-            512,
-        )
-    }));
-    descs.push(desc(Op::Read, "blocks", 10 << 20, "kv", 0, 1 << 20));
-    let id = prefill
-        .transfer("decode-t", &descs, Some(b"request 1".to_vec()))
-        .unwrap();
-    let states = prefill.wait(id, T).unwrap();
-    assert!(states.iter().all(|s| *s == DescState::Done), "{states:?}");
-    let t0 = Instant::now();
-    let n = loop {
-        let n = decode.notifications();
-        if !n.is_empty() {
-            break n;
-        }
-        assert!(t0.elapsed() < T, "no notification");
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    assert_eq!(
-        (n[0].from.as_str(), n[0].payload.as_slice()),
-        ("prefill-t", &b"request 1"[..])
-    );
-    let mut got = vec![0u8; 16 << 20];
-    decode.read_local("kv", 0, &mut got).unwrap();
-    // The first MiB was READ (unchanged), then the WRITEs' bytes, nothing else touched.
-    assert!(got[..1 << 20] == kv[..1 << 20]);
-    assert!(got[1 << 20..10 << 20] == src[..9 << 20]);
-    assert!(got[10 << 20..12 << 20] == kv[10 << 20..12 << 20]);
-    assert!(got[12 << 20..(12 << 20) + 51200] == src[12 << 20..(12 << 20) + 51200]);
-    assert!(got[(12 << 20) + 51200..] == kv[(12 << 20) + 51200..]);
-    let mut back = vec![0u8; 1 << 20];
-    prefill.read_local("blocks", 10 << 20, &mut back).unwrap();
-    assert!(back == kv[..1 << 20], "the READ brought the target's bytes");
+    common::a_batch_moves_exact_bytes(&decode, &prefill, "decode-t", "prefill-t", &src, &kv);
 }
 
 #[test]

@@ -87,3 +87,93 @@ pub(crate) fn spawn_victim(victim: &str, ip: &str) -> (Child, SocketAddr) {
     };
     (child, addr)
 }
+
+/// `prefill` (named `from`, with 16 MiB "blocks" holding `src`) sends `decode` (named `to`,
+/// with 16 MiB "kv" holding `kv`) one batch: a 9 MiB WRITE (sliced), 100 small contiguous
+/// WRITEs (merged) and a 1 MiB READ, with a notification. Every descriptor is done, the
+/// notification comes after the data, and exactly the bytes asked for moved, both ways.
+pub(crate) fn a_batch_moves_exact_bytes(
+    decode: &Agent,
+    prefill: &Agent,
+    to: &str,
+    from: &str,
+    src: &[u8],
+    kv: &[u8],
+) {
+    let mut descs = vec![desc(Op::Write, "blocks", 0, "kv", 1 << 20, 9 << 20)];
+    descs.extend((0..100u64).map(|k| {
+        let at = (12 << 20) + k * 512;
+        desc(Op::Write, "blocks", at, "kv", at, 512)
+    }));
+    descs.push(desc(Op::Read, "blocks", 10 << 20, "kv", 0, 1 << 20));
+    let t = Duration::from_secs(20);
+    let id = prefill
+        .transfer(to, &descs, Some(b"request 1".to_vec()))
+        .unwrap();
+    let states = prefill.wait(id, t).unwrap();
+    assert!(states.iter().all(|s| *s == DescState::Done), "{states:?}");
+    let n = decode.wait_notifications(t);
+    assert!(!n.is_empty(), "no notification within {t:?}");
+    assert_eq!(
+        (n[0].from.as_str(), n[0].payload.as_slice()),
+        (from, &b"request 1"[..])
+    );
+    let mut got = vec![0u8; 16 << 20];
+    decode.read_local("kv", 0, &mut got).unwrap();
+    // The first MiB was READ (unchanged), then the WRITEs' bytes, nothing else touched.
+    assert!(got[..1 << 20] == kv[..1 << 20]);
+    assert!(got[1 << 20..10 << 20] == src[..9 << 20]);
+    assert!(got[10 << 20..12 << 20] == kv[10 << 20..12 << 20]);
+    assert!(got[12 << 20..(12 << 20) + 51200] == src[12 << 20..(12 << 20) + 51200]);
+    assert!(got[(12 << 20) + 51200..] == kv[(12 << 20) + 51200..]);
+    let mut back = vec![0u8; 1 << 20];
+    prefill.read_local("blocks", 10 << 20, &mut back).unwrap();
+    assert!(back == kv[..1 << 20], "the READ brought the target's bytes");
+}
+
+/// `b` (with 64 MiB "src") sends peer "a", the agent in process `victim` (64 MiB "dst"),
+/// `blocks` WRITEs of 1 MiB, and the victim is killed once the first are in place: the
+/// batch ends with some blocks done and the rest failed `PeerLost`, none pending, and a
+/// WRITE to `b`'s other peer "c" (1 MiB "dst") still goes through.
+pub(crate) fn a_killed_peer_fails_its_batch_alone(b: &Agent, mut victim: Child, blocks: u64) {
+    let t = Duration::from_secs(20);
+    let big: Vec<Desc<'_>> = (0..blocks)
+        .map(|k| {
+            desc(
+                Op::Write,
+                "src",
+                (k % 64) << 20,
+                "dst",
+                (k % 64) << 20,
+                1 << 20,
+            )
+        })
+        .collect();
+    let id = b.transfer("a", &big, None).unwrap();
+    while !b.status(id).unwrap().contains(&DescState::Done) {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    let t0 = std::time::Instant::now();
+    let s = b.wait(id, t).unwrap();
+    assert!(s.contains(&DescState::Done), "{s:?}");
+    assert!(
+        s.iter()
+            .any(|d| matches!(d, DescState::Failed(XferError::PeerLost(_)))),
+        "{s:?}"
+    );
+    assert!(s.iter().all(|d| *d != DescState::Pending));
+    eprintln!(
+        "the lost peer's batch ended {:?} after the kill",
+        t0.elapsed()
+    );
+    let id = b
+        .transfer("c", &[desc(Op::Write, "src", 0, "dst", 0, 1 << 20)], None)
+        .unwrap();
+    assert_eq!(b.wait(id, t).unwrap(), [DescState::Done]);
+    assert!(matches!(
+        b.transfer("a", &big[..1], None),
+        Err(XferError::PeerLost(_))
+    ));
+}
