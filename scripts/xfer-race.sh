@@ -1,7 +1,7 @@
 #!/bin/bash
 # The transfer engine against Mooncake's, same run, per path: the soft RNIC (its raw WRITE
 # bandwidth on one QP, `monel perf write-bw`, then `monel xfer-bench --transport rdma`), TCP
-# (raw TCP on 2 streams, bench/race/tcp_raw.py, then `monel xfer-bench --transport tcp`),
+# (raw TCP on 2 streams through the same BUF bytes of memory, bench/race/tcp_raw.py, then `monel xfer-bench --transport tcp`),
 # shared memory on one host (raw memory copies by 2 threads, bench/race/memcpy_raw.py, then
 # `monel xfer-bench --transport shm`), and Mooncake's TCP transport (bench/race/mooncake_xfer.py);
 # WRITE, batches of BATCH blocks (default 8), 2 threads, 3 s each, per block size, for ROUNDS
@@ -60,15 +60,15 @@ for r in $(seq "$rounds"); do
     wait $srv
     x=$(bench rdma "$bs")
     if [[ ${NETNS:-0} == 1 ]]; then
-      "${inb[@]}" python3 bench/race/tcp_raw.py sink $ts 19850 2 > "$out/tcp" &
+      "${inb[@]}" python3 bench/race/tcp_raw.py sink $ts 19850 2 "$bs" $buf > "$out/tcp" &
       sink=$!
       sleep 0.3
-      "${ina[@]}" python3 bench/race/tcp_raw.py source $ts 19850 "$bs" 2 3
+      "${ina[@]}" python3 bench/race/tcp_raw.py source $ts 19850 "$bs" 2 3 $buf
       wait $sink
       tcp=$(grep -o '[0-9.]* GB/s' "$out/tcp")
       mem=- xshm=-
     else
-      tcp=$(python3 bench/race/tcp_raw.py $ts $tc "$bs" 2 3 | grep -o '[0-9.]* GB/s')
+      tcp=$(python3 bench/race/tcp_raw.py $ts $tc "$bs" 2 3 $buf | grep -o '[0-9.]* GB/s')
       mem=$("$py" bench/race/memcpy_raw.py "$bs" 2 3 "$buf" | grep -o '[0-9.]* GB/s')
       xshm=$(bench shm "$bs")
     fi

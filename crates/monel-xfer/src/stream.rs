@@ -108,18 +108,37 @@ impl Frame {
         out.push(kind);
     }
 
+    /// The header and fixed fields of a put of `len` bytes: what goes before its bytes.
+    pub fn put_head(tag: u64, key: u32, addr: u64, len: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER + 20);
+        Self::header(&mut out, 2, 20 + len);
+        out.extend_from_slice(&tag.to_be_bytes());
+        out.extend_from_slice(&key.to_be_bytes());
+        out.extend_from_slice(&addr.to_be_bytes());
+        out
+    }
+
+    /// The header and fixed fields of a data frame of `len` bytes: what goes before them.
+    pub fn data_head(tag: u64, status: u8, len: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER + 9);
+        Self::header(&mut out, 5, 9 + len);
+        out.extend_from_slice(&tag.to_be_bytes());
+        out.push(status);
+        out
+    }
+
     /// The frame's header and fixed fields: all of it but the bytes it carries.
-    fn head(&self) -> Vec<u8> {
+    pub fn head(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(HEADER + 24);
         let body = self.wire_len() - HEADER;
         match self {
             Self::Msg(_) => Self::header(&mut out, 1, body),
-            Self::Put { tag, key, addr, .. } => {
-                Self::header(&mut out, 2, body);
-                out.extend_from_slice(&tag.to_be_bytes());
-                out.extend_from_slice(&key.to_be_bytes());
-                out.extend_from_slice(&addr.to_be_bytes());
-            }
+            Self::Put {
+                tag,
+                key,
+                addr,
+                data,
+            } => return Self::put_head(*tag, *key, *addr, data.len()),
             Self::Ack { tag, status } => {
                 Self::header(&mut out, 3, body);
                 out.extend_from_slice(&tag.to_be_bytes());
@@ -137,17 +156,13 @@ impl Frame {
                 out.extend_from_slice(&addr.to_be_bytes());
                 out.extend_from_slice(&len.to_be_bytes());
             }
-            Self::Data { tag, status, .. } => {
-                Self::header(&mut out, 5, body);
-                out.extend_from_slice(&tag.to_be_bytes());
-                out.push(*status);
-            }
+            Self::Data { tag, status, data } => return Self::data_head(*tag, *status, data.len()),
         }
         out
     }
 
     /// The bytes the frame carries after its fixed fields.
-    fn payload(&self) -> &[u8] {
+    pub fn payload(&self) -> &[u8] {
         match self {
             Self::Msg(m) => m,
             Self::Put { data, .. } | Self::Data { data, .. } => data,
@@ -399,7 +414,27 @@ mod tests {
             f.write_to(&mut w).unwrap();
             assert_eq!(w, f.encode());
             assert_eq!(f.wire_len(), w.len());
+            let mut split = f.head();
+            split.extend_from_slice(f.payload());
+            assert_eq!(split, w);
         }
+    }
+
+    #[test]
+    fn heads_written_apart_match_whole_frames() {
+        let put = Frame::Put {
+            tag: 1,
+            key: 2,
+            addr: 3,
+            data: vec![4; 10],
+        };
+        assert_eq!(Frame::put_head(1, 2, 3, 10), put.head());
+        let data = Frame::Data {
+            tag: 5,
+            status: OK,
+            data: vec![6; 7],
+        };
+        assert_eq!(Frame::data_head(5, OK, 7), data.head());
     }
 
     #[test]

@@ -1,15 +1,21 @@
 //! The TCP link: agents that reach each other over TCP move exact bytes both ways with the
 //! notification after the data, fail bad descriptors alone, refuse a peer without the job
-//! secret, and an agent that cannot use RDMA with its peer falls back to TCP.
+//! secret, and an agent that cannot use RDMA with its peer falls back to TCP. Bytes land
+//! straight from the socket in the target's memory, so a withdrawn segment is written no
+//! more once `deregister` returns, even with a peer that stalls in the middle of a put.
 
 mod common;
 
-use std::net::SocketAddr;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{desc, pattern};
 use monel_verbs::Device;
-use monel_xfer::{Agent, AgentConfig, Op, Transport};
+use monel_xfer::stream::{self, Frame, HEADER};
+use monel_xfer::{Agent, AgentConfig, DescState, Msg, Op, Transport, XferError};
 
 const SECRET: &[u8] = b"job secret for the tcp tests";
 const T: Duration = Duration::from_secs(20);
@@ -137,4 +143,169 @@ fn the_last_notification_arrives_when_the_sender_goes_at_once() {
             assert_eq!(got[1].payload, vec![round; 10], "{t:?}");
         }
     }
+}
+
+/// A target deregisters memory it registered in place while a peer keeps writing into it
+/// over TCP: once `deregister` returns, not one more byte lands there (the slices still
+/// coming fail with a remote access error), and the initiator's batches all end.
+#[test]
+fn a_withdrawn_segment_takes_no_bytes_once_deregister_returns() {
+    let decode = agent("decode-y", "127.0.3.46", Some(SECRET), Transport::Tcp);
+    let prefill = Arc::new(agent(
+        "prefill-y",
+        "127.0.3.47",
+        Some(SECRET),
+        Transport::Tcp,
+    ));
+    const LEN: usize = 32 << 20;
+    let mut kv = vec![0u8; LEN];
+    // SAFETY: `kv` outlives the segment (deregistered below, before `kv` is touched or
+    // dropped), and the test reads it only after the deregistration.
+    #[allow(unsafe_code)]
+    unsafe {
+        decode
+            .register_in_place("kv", kv.as_mut_ptr(), LEN)
+            .unwrap();
+    }
+    prefill.register("src", LEN).unwrap();
+    prefill.write_local("src", 0, &[0x5a; LEN]).unwrap();
+    prefill.connect(decode.address()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (p, s) = (prefill, stop.clone());
+    let writer = std::thread::spawn(move || {
+        let d: Vec<_> = (0..32u64)
+            .map(|k| desc(Op::Write, "src", k << 20, "kv", k << 20, 1 << 20))
+            .collect();
+        let (mut done, mut refused) = (0, 0);
+        while !s.load(Ordering::Acquire) {
+            let Ok(id) = p.transfer("decode-y", &d, None) else {
+                break;
+            };
+            for st in p.wait(id, T).unwrap() {
+                match st {
+                    DescState::Done => done += 1,
+                    DescState::Failed(_) => refused += 1,
+                    DescState::Pending => panic!("a batch did not end"),
+                }
+            }
+        }
+        (done, refused)
+    });
+    // Let the writes run, then withdraw the segment under them.
+    let t0 = Instant::now();
+    while nothing_landed(&decode) {
+        assert!(t0.elapsed() < T, "no WRITE landed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    decode.deregister("kv").unwrap();
+    // The memory is the test's again: clear it, and nothing may write it any more.
+    kv.fill(0);
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Release);
+    let (done, refused) = writer.join().unwrap();
+    assert!(
+        kv.iter().all(|&b| b == 0),
+        "bytes landed after deregister returned"
+    );
+    assert!(done > 0 && refused > 0, "done {done}, refused {refused}");
+    eprintln!("{done} WRITEs landed before the withdrawal, {refused} refused after");
+}
+
+/// Whether the decode side's "kv" still holds a zero at its first byte (no WRITE yet).
+fn nothing_landed(decode: &Agent) -> bool {
+    let mut b = [0u8; 1];
+    decode.read_local("kv", 0, &mut b).unwrap();
+    b[0] == 0
+}
+
+/// A peer that sends the head of a 1 MiB put into a segment and then stalls holds that
+/// segment only until the agent's timeout: `deregister` then cuts it off and returns, and
+/// the agent keeps serving its other peers.
+#[test]
+fn a_peer_stalled_in_a_put_is_cut_off_when_its_segment_is_withdrawn() {
+    let dev = Device::bind("127.0.3.48".parse().unwrap()).unwrap();
+    let mut cfg = AgentConfig::new("decode-z", dev, "127.0.3.48:0".parse().unwrap(), None);
+    cfg.transport = Transport::Tcp;
+    cfg.udp_port = 0;
+    cfg.timeout = Duration::from_secs(1);
+    let decode = Agent::new(cfg).unwrap();
+    decode.register("kv", 4 << 20).unwrap();
+    decode.register("other", 1 << 20).unwrap();
+
+    // A client that speaks the protocol by hand (no secret here): opening, hello, proof,
+    // token and lane 0; then it reads the target's segment table.
+    let mut c = TcpStream::connect(decode.address()).unwrap();
+    c.set_read_timeout(Some(T)).unwrap();
+    c.write_all(stream::OPEN_TCP).unwrap();
+    let mut hello = [0u8; 17];
+    c.read_exact(&mut hello).unwrap();
+    c.write_all(&[0u8; 48]).unwrap();
+    let mut rep = [0u8; 33];
+    c.read_exact(&mut rep).unwrap();
+    assert_eq!(rep[0], stream::OK);
+    c.write_all(&[[9u8; 16].as_slice(), &[0]].concat()).unwrap();
+    let (addr, key) = loop {
+        let mut h = [0u8; HEADER];
+        c.read_exact(&mut h).unwrap();
+        let mut body = vec![0u8; Frame::body_len(&h).unwrap()];
+        c.read_exact(&mut body).unwrap();
+        if let Frame::Msg(m) = Frame::decode(h[4], body).unwrap() {
+            if let Msg::Segments(segs) = Msg::decode(&m).unwrap() {
+                let kv = segs.iter().find(|s| s.name == "kv").unwrap();
+                break (kv.buffers[0].addr, kv.buffers[0].key);
+            }
+        }
+    };
+    // The head of a 1 MiB put, 1000 of its bytes, then nothing.
+    let mut put = Frame::put_head(1, key, addr, 1 << 20);
+    put.extend_from_slice(&[0xee; 1000]);
+    c.write_all(&put).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+
+    let t0 = Instant::now();
+    decode.deregister("kv").unwrap();
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(10),
+        "deregister took {took:?} (the agent's timeout is 1 s)"
+    );
+    // The stalled client's connection is ended (an end or a reset, not silence).
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut rest = Vec::new();
+    if let Err(e) = c.read_to_end(&mut rest) {
+        assert!(
+            !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "the stalled peer's connection stays open: {e}"
+        );
+    }
+
+    // The agent goes on serving: another peer writes into "other".
+    let friend = agent("friend-z", "127.0.3.49", None, Transport::Tcp);
+    friend.register("src", 1 << 20).unwrap();
+    friend.write_local("src", 0, &[3u8; 1 << 20]).unwrap();
+    assert_eq!(friend.connect(decode.address()).unwrap(), "decode-z");
+    let id = friend
+        .transfer(
+            "decode-z",
+            &[desc(Op::Write, "src", 0, "other", 0, 1 << 20)],
+            None,
+        )
+        .unwrap();
+    assert_eq!(friend.wait(id, T).unwrap(), [DescState::Done]);
+    let mut got = vec![0u8; 1 << 20];
+    decode.read_local("other", 0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 3));
+    let e = friend.transfer("decode-z", &[desc(Op::Write, "src", 0, "kv", 0, 8)], None);
+    let refused = match e {
+        Err(e) => matches!(e, XferError::UnknownSegment(_)),
+        Ok(id) => matches!(
+            &friend.wait(id, T).unwrap()[0],
+            DescState::Failed(XferError::UnknownSegment(_))
+        ),
+    };
+    assert!(refused, "a withdrawn segment is unknown to a new peer");
 }

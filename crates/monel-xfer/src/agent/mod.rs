@@ -440,20 +440,38 @@ impl Agent {
     /// Withdraws a segment: peers are told, and its memory is deregistered (transfers
     /// still using it fail). Peers on shared memory copy into it themselves: the call waits
     /// (up to the agent's timeout) until each said it stopped, and cuts off one that did
-    /// not, so the memory is free once this returns.
+    /// not; bytes already on their way over TCP finish moving first (a peer whose
+    /// connection stalls past the timeout is cut off), so the memory is free once this
+    /// returns.
     pub fn deregister(&self, name: &str) -> Result<()> {
         let mut st = self.shared.state();
         st.local.table.remove(name)?;
         let mr = st.local.mrs.remove(name);
         broadcast(&mut st, &Msg::Revoke(name.to_string()));
+        let deadline = Instant::now() + self.shared.cfg.timeout;
+        let st = self.stop_copies(st, name, deadline);
+        if let Some(mr) = mr {
+            release(&self.shared, st, &mr, deadline);
+        }
+        self.shared.changed.notify_all();
+        Ok(())
+    }
+
+    /// Waits until every shared-memory peer said it stopped copying into or out of segment
+    /// `name` (cutting off those that did not by `deadline`).
+    fn stop_copies<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        name: &str,
+        deadline: Instant,
+    ) -> MutexGuard<'a, State> {
         let using: Vec<usize> = (0..st.peers.len())
             .filter(|&i| st.peers[i].lost.is_none() && cma::is_shm(&st.peers[i].link))
             .collect();
         if using.is_empty() {
-            return Ok(());
+            return st;
         }
         st.revoking.insert(name.to_string(), using);
-        let deadline = Instant::now() + self.shared.cfg.timeout;
         loop {
             let State {
                 revoking, peers, ..
@@ -477,10 +495,7 @@ impl Agent {
             st = wait(&self.shared, st, left);
         }
         st.revoking.remove(name);
-        drop(st);
-        drop(mr);
-        self.shared.changed.notify_all();
-        Ok(())
+        st
     }
 
     /// Writes `data` into this agent's segment `name` at `offset`.
@@ -786,6 +801,51 @@ impl Drop for Agent {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        // Memory registered in place is the caller's again once the agent is gone: wait
+        // for the connections' calls on it to end (they fail at once on a closed socket).
+        let until = Instant::now() + self.shared.cfg.timeout;
+        while Instant::now() < until
+            && self
+                .shared
+                .state()
+                .local
+                .mrs
+                .values()
+                .any(|m| Arc::strong_count(m) > 1)
+        {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+/// Waits until nothing but the caller holds `mr` (a withdrawn registration): copies and
+/// TCP connections that move its bytes outside the lock finish first. Peers whose
+/// connections still hold it at `deadline` are cut off, which ends their connections' calls.
+fn release<'a>(
+    s: &'a Shared,
+    mut st: MutexGuard<'a, State>,
+    mr: &Arc<MemoryRegion>,
+    deadline: Instant,
+) {
+    let mut cut = false;
+    while Arc::strong_count(mr) > 1 {
+        if !cut && Instant::now() >= deadline {
+            for p in &mut st.peers {
+                if let Link::Tcp(t) = &p.link {
+                    if p.lost.is_none() && t.holding(mr) {
+                        p.lost.get_or_insert(XferError::PeerLost(format!(
+                            "its connection held a withdrawn segment past {:?}",
+                            s.cfg.timeout
+                        )));
+                    }
+                }
+            }
+            pump(&mut st);
+            cut = true;
+        }
+        drop(st);
+        std::thread::sleep(Duration::from_micros(200));
+        st = s.state();
     }
 }
 

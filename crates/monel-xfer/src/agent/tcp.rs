@@ -4,14 +4,18 @@
 //! registrations (key, address, length) as an RNIC would, and answers with a status.
 //! Each connection has a reader thread (it applies messages, serves puts and gets, ends
 //! slices) and a writer thread (it drains a queue, so nothing blocks on the socket while
-//! holding the agent's state).
+//! holding the agent's state). A slice's bytes go from the initiator's segment straight to
+//! the socket and from the socket straight into the target's segment (the kernel's two
+//! copies, as with any TCP transfer), outside the agent's lock; a registration in use so is
+//! held ([`Hold`]) until its bytes have moved, and a deregistration waits for that.
 
 use std::collections::HashMap;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use monel_verbs::MemoryRegion;
@@ -31,8 +35,11 @@ pub(super) const LANES: usize = 2;
 /// Bytes queued for one peer's connection at most (its writes, and its answers to the
 /// peer's reads); a peer that does not take them is cut off.
 const MAX_PENDING: usize = 256 << 20;
-/// The socket buffers on each side.
+/// Small frames a writer gathers before it writes them out.
 const BUF: usize = 256 << 10;
+/// A reader's buffer for frame headers and small frames; a slice's bytes beyond what it
+/// already holds go from the socket straight into the segment.
+const READ_BUF: usize = 16 << 10;
 
 /// A peer's TCP connections (lanes), as the agent's state holds them; lane 0 carries the
 /// agents' messages. `token` names the peer when the client adds a lane.
@@ -61,11 +68,95 @@ impl Lanes {
             l.close();
         }
     }
+
+    /// Whether a connection's threads use `mr` outside the agent's lock now.
+    pub(super) fn holding(&self, mr: &Arc<MemoryRegion>) -> bool {
+        self.lanes.iter().any(|l| l.holds.has(mr))
+    }
+}
+
+/// The registrations one connection's threads use outside the agent's lock (bytes sent from
+/// them, or received into them), by address: a deregistration that waits too long for them
+/// knows which peer to cut off.
+#[derive(Default)]
+pub(super) struct Holds(Mutex<Vec<usize>>);
+
+impl Holds {
+    fn has(&self, mr: &Arc<MemoryRegion>) -> bool {
+        let key = Arc::as_ptr(mr) as usize;
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&key)
+    }
+}
+
+/// A registration one connection uses outside the agent's lock: kept alive, and counted in
+/// the connection's [`Holds`], until dropped.
+pub(super) struct Hold {
+    mr: Arc<MemoryRegion>,
+    holds: Arc<Holds>,
+}
+
+impl Hold {
+    fn new(mr: &Arc<MemoryRegion>, holds: &Arc<Holds>) -> Self {
+        holds
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Arc::as_ptr(mr) as usize);
+        Self {
+            mr: mr.clone(),
+            holds: holds.clone(),
+        }
+    }
+
+    /// The address of byte `off` of the registration.
+    fn at(&self, off: usize) -> u64 {
+        self.mr.addr() + off as u64
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let key = Arc::as_ptr(&self.mr) as usize;
+        let mut h = self.holds.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(k) = h.iter().position(|&x| x == key) {
+            h.swap_remove(k);
+        }
+    }
+}
+
+/// What a connection's writer sends: a frame, or the head of a put or a data frame followed
+/// by `len` bytes at `off` of a registration, sent from where they lie.
+pub(super) enum Out {
+    Frame(Frame),
+    From {
+        head: Vec<u8>,
+        hold: Hold,
+        off: usize,
+        len: usize,
+    },
+}
+
+impl Out {
+    fn wire_len(&self) -> usize {
+        match self {
+            Self::Frame(f) => f.wire_len(),
+            Self::From { head, len, .. } => head.len() + len,
+        }
+    }
+}
+
+impl From<Frame> for Out {
+    fn from(f: Frame) -> Self {
+        Self::Frame(f)
+    }
 }
 
 /// One TCP connection of a peer.
 pub(super) struct TcpLink {
-    out: Sender<Frame>,
+    out: Sender<Out>,
     /// Bytes handed to the writer and not yet written.
     pending: Arc<AtomicUsize>,
     /// The writer holds written bytes it has not flushed to the connection yet.
@@ -74,12 +165,15 @@ pub(super) struct TcpLink {
     reads: HashMap<u64, (u32, u64, u32)>,
     /// Slices posted on it and not yet answered.
     pub(super) in_flight: u32,
+    /// What its threads use outside the agent's lock.
+    holds: Arc<Holds>,
     stream: TcpStream,
 }
 
 impl TcpLink {
     /// Queues `f` for the writer.
-    pub(super) fn send(&self, f: Frame) -> Result<()> {
+    pub(super) fn send(&self, f: impl Into<Out>) -> Result<()> {
+        let f = f.into();
         let n = f.wire_len();
         if self.pending.fetch_add(n, Ordering::AcqRel) + n > MAX_PENDING {
             self.pending.fetch_sub(n, Ordering::AcqRel);
@@ -96,15 +190,14 @@ impl TcpLink {
     pub(super) fn post_slice(&mut self, tag: u64, sl: &Slice, local: &Local) -> Result<()> {
         match sl.op {
             Op::Write => {
-                let mut data = vec![0u8; sl.len as usize];
-                let (mr, off) = region(local, sl.local_key, false, sl.local_addr, data.len())
+                let len = sl.len as usize;
+                let (mr, off) = region(local, sl.local_key, false, sl.local_addr, len)
                     .ok_or_else(|| XferError::Transport("the local segment is gone".into()))?;
-                mr.read(off, &mut data).map_err(super::verbs)?;
-                self.send(Frame::Put {
-                    tag,
-                    key: sl.remote_key,
-                    addr: sl.remote_addr,
-                    data,
+                self.send(Out::From {
+                    head: Frame::put_head(tag, sl.remote_key, sl.remote_addr, len),
+                    hold: Hold::new(mr, &self.holds),
+                    off,
+                    len,
                 })
             }
             Op::Read => {
@@ -244,15 +337,16 @@ fn start(s: &Arc<Shared>, i: usize, lane: usize, c: TcpStream) -> Result<TcpLink
     let (tx, rx) = mpsc::channel();
     let pending = Arc::new(AtomicUsize::new(0));
     let dirty = Arc::new(AtomicBool::new(false));
+    let holds = Arc::new(Holds::default());
     let (w1, w2) = (Arc::downgrade(s), Arc::downgrade(s));
-    let (p2, d2) = (pending.clone(), dirty.clone());
+    let (p2, d2, h2) = (pending.clone(), dirty.clone(), holds.clone());
     std::thread::Builder::new()
         .name(format!("xfer-tcp-w-{i}.{lane}"))
-        .spawn(move || write_loop(&w1, i, writer, &rx, &p2, &d2))
+        .spawn(move || write_loop(&w1, i, &writer, &rx, &p2, &d2))
         .map_err(io)?;
     std::thread::Builder::new()
         .name(format!("xfer-tcp-r-{i}.{lane}"))
-        .spawn(move || read_loop(&w2, i, lane, reader))
+        .spawn(move || read_loop(&w2, i, lane, reader, &h2))
         .map_err(io)?;
     Ok(TcpLink {
         out: tx,
@@ -260,6 +354,7 @@ fn start(s: &Arc<Shared>, i: usize, lane: usize, c: TcpStream) -> Result<TcpLink
         dirty,
         reads: HashMap::new(),
         in_flight: 0,
+        holds,
         stream: c,
     })
 }
@@ -348,18 +443,22 @@ fn cut_off(s: &Weak<Shared>, i: usize, err: XferError) {
 fn write_loop(
     s: &Weak<Shared>,
     i: usize,
-    c: TcpStream,
-    rx: &Receiver<Frame>,
+    c: &TcpStream,
+    rx: &Receiver<Out>,
     pending: &AtomicUsize,
     dirty: &AtomicBool,
 ) {
-    let mut w = BufWriter::with_capacity(BUF, c);
+    let fd = c.as_raw_fd();
+    // Small frames gather here; a slice's bytes go out behind them in the same call.
+    let mut buf = Vec::with_capacity(BUF);
     loop {
-        let f = match rx.try_recv() {
-            Ok(f) => f,
+        let o = match rx.try_recv() {
+            Ok(o) => o,
             Err(TryRecvError::Empty) => {
-                // Nothing more queued: what was written goes out now.
-                if let Err(e) = w.flush() {
+                // Nothing more queued: what was gathered goes out now.
+                let sent = send_all(fd, &buf, None);
+                buf.clear();
+                if let Err(e) = sent {
                     return cut_off(s, i, XferError::PeerLost(format!("its connection: {e}")));
                 }
                 dirty.store(false, Ordering::Release);
@@ -367,26 +466,149 @@ fn write_loop(
                     s.changed.notify_all();
                 }
                 match rx.recv() {
-                    Ok(f) => f,
+                    Ok(o) => o,
                     Err(_) => return,
                 }
             }
             Err(TryRecvError::Disconnected) => return,
         };
-        let n = f.wire_len();
-        let written = f.write_to(&mut w);
+        let n = o.wire_len();
+        let sent = match o {
+            Out::Frame(f) => {
+                buf.extend_from_slice(&f.head());
+                buf.extend_from_slice(f.payload());
+                if buf.len() >= BUF {
+                    let sent = send_all(fd, &buf, None);
+                    buf.clear();
+                    sent
+                } else {
+                    Ok(())
+                }
+            }
+            Out::From {
+                head,
+                hold,
+                off,
+                len,
+            } => {
+                buf.extend_from_slice(&head);
+                let sent = send_all(fd, &buf, Some((hold.at(off), len)));
+                buf.clear();
+                sent
+            }
+        };
         dirty.store(true, Ordering::Release);
         pending.fetch_sub(n, Ordering::AcqRel);
-        if let Err(e) = written {
+        if let Err(e) = sent {
             return cut_off(s, i, XferError::PeerLost(format!("its connection: {e}")));
         }
     }
 }
 
-fn read_loop(s: &Weak<Shared>, i: usize, lane: usize, c: TcpStream) {
-    let mut r = BufReader::with_capacity(BUF, c);
-    // A put's or a data frame's bytes land here, one frame after another.
-    let mut data = Vec::new();
+/// Writes `a`, then the `len` bytes at address `from` when given, to the connection `fd`.
+fn send_all(fd: RawFd, a: &[u8], from: Option<(u64, usize)>) -> std::io::Result<()> {
+    let (base, len) = from.unwrap_or((0, 0));
+    let mut done = 0usize;
+    let total = a.len() + len;
+    while done < total {
+        let mut iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; 2];
+        let mut k = 0;
+        if done < a.len() {
+            iov[0] = libc::iovec {
+                iov_base: a[done..].as_ptr() as *mut libc::c_void,
+                iov_len: a.len() - done,
+            };
+            k = 1;
+        }
+        if len > 0 {
+            let skip = done.saturating_sub(a.len());
+            iov[k] = libc::iovec {
+                iov_base: (base as usize + skip) as *mut libc::c_void,
+                iov_len: len - skip,
+            };
+            k += 1;
+        }
+        // SAFETY: a zeroed msghdr is valid (no name, no control data); it points at `iov`,
+        // alive for the call.
+        #[allow(unsafe_code)]
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = k;
+        // SAFETY: the kernel reads the iovecs' ranges alone (no Rust reference to the
+        // registration's bytes is made): `a` is borrowed for the call, and [from, from +
+        // len) lies inside a registration the caller holds ([`Hold`]), which its
+        // deregistration waits for.
+        #[allow(unsafe_code)]
+        let n = unsafe { libc::sendmsg(fd, &raw const msg, libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// Takes the next `n` bytes of the connection (what `r` holds first, then the socket's)
+/// into the `n` bytes at address `to`, or drops them when `to` is `None`.
+fn take_into(
+    r: &mut BufReader<TcpStream>,
+    fd: RawFd,
+    to: Option<u64>,
+    n: usize,
+) -> std::io::Result<()> {
+    let Some(to) = to else {
+        let got = std::io::copy(&mut r.by_ref().take(n as u64), &mut std::io::sink())?;
+        if got < n as u64 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        return Ok(());
+    };
+    let held = r.buffer();
+    let k = held.len().min(n);
+    // SAFETY: [to, to + n) lies inside a registration the caller holds ([`Hold`]); the
+    // reader's buffer is another allocation, so the ranges do not overlap.
+    #[allow(unsafe_code)]
+    unsafe {
+        std::ptr::copy_nonoverlapping(held.as_ptr(), to as usize as *mut u8, k);
+    }
+    r.consume(k);
+    let mut done = k;
+    while done < n {
+        // SAFETY: the kernel writes into [to + done, to + n) alone (no Rust reference to the
+        // registration's bytes is made), which lies inside a registration the caller holds.
+        #[allow(unsafe_code)]
+        let got = unsafe {
+            libc::recv(
+                fd,
+                (to as usize + done) as *mut libc::c_void,
+                n - done,
+                libc::MSG_WAITALL,
+            )
+        };
+        match got {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            g if g < 0 => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            g => done += g as usize,
+        }
+    }
+    Ok(())
+}
+
+fn read_loop(s: &Weak<Shared>, i: usize, lane: usize, c: TcpStream, holds: &Arc<Holds>) {
+    let fd = c.as_raw_fd();
+    let mut r = BufReader::with_capacity(READ_BUF, c);
     let err = loop {
         let mut h = [0u8; HEADER];
         if let Err(e) = r.read_exact(&mut h) {
@@ -401,11 +623,7 @@ fn read_loop(s: &Weak<Shared>, i: usize, lane: usize, c: TcpStream) {
                 break XferError::BadMessage(format!("a frame of kind {} of {body} bytes", h[4]));
             }
             let mut f = [0u8; 20];
-            data.resize(body - fixed, 0);
-            let read = r
-                .read_exact(&mut f[..fixed])
-                .and_then(|()| r.read_exact(&mut data));
-            if let Err(e) = read {
+            if let Err(e) = r.read_exact(&mut f[..fixed]) {
                 break XferError::PeerLost(format!("its connection: {e}"));
             }
             let head = match Head::parse(h[4], &f[..fixed]) {
@@ -413,9 +631,18 @@ fn read_loop(s: &Weak<Shared>, i: usize, lane: usize, c: TcpStream) {
                 Err(e) => break e,
             };
             let Some(shared) = s.upgrade() else { return };
+            let n = body - fixed;
+            let mut bytes = |to: Option<u64>| {
+                take_into(&mut r, fd, to, n)
+                    .map_err(|e| XferError::PeerLost(format!("its connection: {e}")))
+            };
             let done = match head {
-                Head::Put { tag, key, addr } => on_put(&shared, i, lane, tag, key, addr, &data),
-                Head::Data { tag, status } => on_data(&shared, i, lane, tag, status, &data),
+                Head::Put { tag, key, addr } => {
+                    on_put(&shared, i, lane, holds, (tag, key, addr, n), &mut bytes)
+                }
+                Head::Data { tag, status } => {
+                    on_data(&shared, i, lane, holds, (tag, status, n), &mut bytes)
+                }
             };
             if let Err(e) = done {
                 break e;
@@ -431,7 +658,7 @@ fn read_loop(s: &Weak<Shared>, i: usize, lane: usize, c: TcpStream) {
             Err(e) => break e,
         };
         let Some(shared) = s.upgrade() else { return };
-        if let Err(e) = on_frame(&shared, i, lane, f) {
+        if let Err(e) = on_frame(&shared, i, lane, holds, f) {
             break e;
         }
     };
@@ -440,7 +667,7 @@ fn read_loop(s: &Weak<Shared>, i: usize, lane: usize, c: TcpStream) {
 }
 
 /// Sends `f` to peer `i` on lane `lane`.
-fn reply(s: &Shared, i: usize, lane: usize, f: Frame) -> Result<()> {
+fn reply(s: &Shared, i: usize, lane: usize, f: impl Into<Out>) -> Result<()> {
     match &s.state().peers[i].link {
         Link::Tcp(t) => t.lanes.get(lane).map_or(Ok(()), |l| l.send(f)),
         Link::Rdma { .. } | Link::Gone(_) => Ok(()),
@@ -453,7 +680,7 @@ fn remote_access() -> XferError {
     )
 }
 
-fn on_frame(s: &Shared, i: usize, lane: usize, f: Frame) -> Result<()> {
+fn on_frame(s: &Shared, i: usize, lane: usize, holds: &Arc<Holds>, f: Frame) -> Result<()> {
     match f {
         Frame::Msg(_) if lane != 0 => {
             return Err(XferError::BadMessage(format!("a message on lane {lane}")));
@@ -470,30 +697,35 @@ fn on_frame(s: &Shared, i: usize, lane: usize, f: Frame) -> Result<()> {
             apply(&mut st, i, m)?;
             pump(&mut st);
         }
-        Frame::Put {
-            tag,
-            key,
-            addr,
-            data,
-        } => return on_put(s, i, lane, tag, key, addr, &data),
+        // Frames that carry bytes are read apart (their heads first, see `read_loop`).
+        Frame::Put { .. } | Frame::Data { .. } => {
+            return Err(XferError::BadMessage("a data frame read whole".into()));
+        }
         Frame::Get {
             tag,
             key,
             addr,
             len,
         } => {
-            let mut data = vec![0u8; len as usize];
-            let status = {
+            // The bytes go out from the segment itself, once the writer reaches them.
+            let len = len as usize;
+            let out = {
                 let st = s.state();
-                match region(&st.local, key, true, addr, data.len()) {
-                    Some((mr, off)) if mr.read(off, &mut data).is_ok() => OK,
-                    _ => ACCESS_ERROR,
+                match region(&st.local, key, true, addr, len) {
+                    Some((mr, off)) => Out::From {
+                        head: Frame::data_head(tag, OK, len),
+                        hold: Hold::new(mr, holds),
+                        off,
+                        len,
+                    },
+                    None => Out::Frame(Frame::Data {
+                        tag,
+                        status: ACCESS_ERROR,
+                        data: Vec::new(),
+                    }),
                 }
             };
-            if status != OK {
-                data = Vec::new();
-            }
-            reply(s, i, lane, Frame::Data { tag, status, data })?;
+            reply(s, i, lane, out)?;
         }
         Frame::Ack { tag, status } => {
             let mut st = s.state();
@@ -510,60 +742,76 @@ fn on_frame(s: &Shared, i: usize, lane: usize, f: Frame) -> Result<()> {
             end_slice(&mut st, i, tag, r);
             pump(&mut st);
         }
-        Frame::Data { tag, status, data } => return on_data(s, i, lane, tag, status, &data),
     }
     s.changed.notify_all();
     Ok(())
 }
 
-/// A put from peer `i`: `data` written at `addr` of the registration `key`, if it lies
+/// A put from peer `i` of `n` bytes (`bytes` takes them from the connection, into an
+/// address or nowhere): they land at `addr` of the registration `key`, if the range lies
 /// inside one this agent published; the peer is told how it went.
 fn on_put(
     s: &Shared,
     i: usize,
     lane: usize,
-    tag: u64,
-    key: u32,
-    addr: u64,
-    data: &[u8],
+    holds: &Arc<Holds>,
+    (tag, key, addr, n): (u64, u32, u64, usize),
+    bytes: &mut dyn FnMut(Option<u64>) -> Result<()>,
 ) -> Result<()> {
-    let status = {
+    let target = {
         let st = s.state();
-        match region(&st.local, key, true, addr, data.len()) {
-            Some((mr, off)) if mr.write(off, data).is_ok() => OK,
-            _ => ACCESS_ERROR,
-        }
+        region(&st.local, key, true, addr, n).map(|(mr, off)| (Hold::new(mr, holds), off))
     };
+    bytes(target.as_ref().map(|(h, off)| h.at(*off)))?;
+    let status = if target.is_some() { OK } else { ACCESS_ERROR };
+    drop(target);
     reply(s, i, lane, Frame::Ack { tag, status })
 }
 
-/// The answer to a read of ours from peer `i`: its bytes land where the read asked.
-fn on_data(s: &Shared, i: usize, lane: usize, tag: u64, status: u8, data: &[u8]) -> Result<()> {
-    let mut st = s.state();
-    let Link::Tcp(t) = &mut st.peers[i].link else {
-        return Ok(());
-    };
-    let Some(t) = t.lanes.get_mut(lane) else {
-        return Ok(());
-    };
-    t.in_flight = t.in_flight.saturating_sub(1);
-    let (key, addr, len) = t
-        .reads
-        .remove(&tag)
-        .ok_or_else(|| XferError::BadMessage(format!("data for no read ({tag:#x})")))?;
-    let r = if status != OK {
-        Err(remote_access())
-    } else if data.len() != len as usize {
-        return Err(XferError::BadMessage(format!(
-            "{} bytes for a read of {len}",
-            data.len()
-        )));
-    } else {
-        match region(&st.local, key, false, addr, data.len()) {
-            Some((mr, off)) => mr.write(off, data).map_err(super::verbs),
-            None => Err(XferError::Transport("the local segment is gone".into())),
+/// The answer of `n` bytes to a read of ours from peer `i`: they land where the read asked,
+/// and then the slice ends.
+fn on_data(
+    s: &Shared,
+    i: usize,
+    lane: usize,
+    holds: &Arc<Holds>,
+    (tag, status, n): (u64, u8, usize),
+    bytes: &mut dyn FnMut(Option<u64>) -> Result<()>,
+) -> Result<()> {
+    let (target, r) = {
+        let mut st = s.state();
+        let Link::Tcp(t) = &mut st.peers[i].link else {
+            drop(st);
+            return bytes(None);
+        };
+        let Some(t) = t.lanes.get_mut(lane) else {
+            drop(st);
+            return bytes(None);
+        };
+        t.in_flight = t.in_flight.saturating_sub(1);
+        let (key, addr, len) = t
+            .reads
+            .remove(&tag)
+            .ok_or_else(|| XferError::BadMessage(format!("data for no read ({tag:#x})")))?;
+        if status != OK {
+            (None, Err(remote_access()))
+        } else if n != len as usize {
+            return Err(XferError::BadMessage(format!(
+                "{n} bytes for a read of {len}"
+            )));
+        } else {
+            match region(&st.local, key, false, addr, n) {
+                Some((mr, off)) => (Some((Hold::new(mr, holds), off)), Ok(())),
+                None => (
+                    None,
+                    Err(XferError::Transport("the local segment is gone".into())),
+                ),
+            }
         }
     };
+    bytes(target.as_ref().map(|(h, off)| h.at(*off)))?;
+    drop(target);
+    let mut st = s.state();
     end_slice(&mut st, i, tag, r);
     pump(&mut st);
     drop(st);
