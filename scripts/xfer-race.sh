@@ -1,14 +1,16 @@
 #!/bin/bash
 # The transfer engine against Mooncake's, same run, per path: the soft RNIC (its raw WRITE
 # bandwidth on one QP, `monel perf write-bw`, then `monel xfer-bench --transport rdma`), TCP
-# (raw TCP on 2 streams through the same BUF bytes of memory, bench/race/tcp_raw.py, then `monel xfer-bench --transport tcp`),
-# shared memory on one host (raw memory copies by 2 threads, bench/race/memcpy_raw.py, then
+# (raw TCP on 2 streams, bench/race/tcp_raw.py, then `monel xfer-bench --transport tcp`),
+# shared memory on one host (raw memory copies by 2 threads, bench/race/memcpy_raw.py; raw
+# cross-memory-attach copies into another process by 2 threads, bench/race/cma_raw.py; then
 # `monel xfer-bench --transport shm`), and Mooncake's TCP transport (bench/race/mooncake_xfer.py);
 # WRITE, batches of BATCH blocks (default 8), 2 threads, 3 s each, per block size, for ROUNDS
 # rounds. On loopback by default; NETNS=1 puts the targets and the initiators in two network
 # namespaces joined by a veth pair (root; no shared memory across them). MOONCAKE_PY: a
 # python with mooncake-transfer-engine-non-cuda and numpy installed. BUF: bytes each side
-# registers (default 64 MiB; at least 2 x BATCH x the largest block).
+# registers (default 64 MiB; at least 2 x BATCH x the largest block). The raw baselines walk
+# through as much memory as the blocks of the run take.
 #   scripts/xfer-race.sh [ROUNDS] [BLOCK ...]       (default: 3 rounds; 65536 1048576 4194304)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,6 +55,10 @@ bench() {  # bench TRANSPORT BLOCK: Monel's GB/s over that link
 for r in $(seq "$rounds"); do
   for bs in "${blocks[@]}"; do
     p=$((19900 + r * 10))
+    # The raw baselines walk as much memory as the benchmark's blocks take (2 threads'
+    # batches), so neither side gains from a hotter cache.
+    foot=$((2 * batch * bs))
+    ((foot <= buf)) || foot=$buf
     "${inb[@]}" $m perf write-bw -d $ps -p $p --udp-port $((p + 1)) -s "$bs" -D 3 > /dev/null 2>&1 &
     srv=$!
     sleep 0.3
@@ -60,20 +66,21 @@ for r in $(seq "$rounds"); do
     wait $srv
     x=$(bench rdma "$bs")
     if [[ ${NETNS:-0} == 1 ]]; then
-      "${inb[@]}" python3 bench/race/tcp_raw.py sink $ts 19850 2 "$bs" $buf > "$out/tcp" &
+      "${inb[@]}" python3 bench/race/tcp_raw.py sink $ts 19850 2 "$bs" $foot > "$out/tcp" &
       sink=$!
       sleep 0.3
-      "${ina[@]}" python3 bench/race/tcp_raw.py source $ts 19850 "$bs" 2 3 $buf
+      "${ina[@]}" python3 bench/race/tcp_raw.py source $ts 19850 "$bs" 2 3 $foot
       wait $sink
       tcp=$(grep -o '[0-9.]* GB/s' "$out/tcp")
-      mem=- xshm=-
+      mem=- cma=- xshm=-
     else
-      tcp=$(python3 bench/race/tcp_raw.py $ts $tc "$bs" 2 3 $buf | grep -o '[0-9.]* GB/s')
-      mem=$("$py" bench/race/memcpy_raw.py "$bs" 2 3 "$buf" | grep -o '[0-9.]* GB/s')
+      tcp=$(python3 bench/race/tcp_raw.py $ts $tc "$bs" 2 3 $foot | grep -o '[0-9.]* GB/s')
+      mem=$("$py" bench/race/memcpy_raw.py "$bs" 2 3 $foot | grep -o '[0-9.]* GB/s')
+      cma=$("$py" bench/race/cma_raw.py "$bs" 2 3 $foot | grep -o '[0-9.]* GB/s')
       xshm=$(bench shm "$bs")
     fi
     xtcp=$(bench tcp "$bs")
     mc=$("${ina[@]}" "$py" bench/race/mooncake_xfer.py init $mi "$name" "$addr" "$bs" "$batch" 2 3 2> /dev/null | grep -o '[0-9.]* GB/s')
-    echo "round $r block $bs batch $batch: raw write-bw $raw GB/s; monel xfer rdma $x; raw tcp $tcp; monel xfer tcp $xtcp; raw memcpy $mem; monel xfer shm $xshm; mooncake tcp $mc"
+    echo "round $r block $bs batch $batch: raw write-bw $raw GB/s; monel xfer rdma $x; raw tcp $tcp; monel xfer tcp $xtcp; raw memcpy $mem; raw cma $cma; monel xfer shm $xshm; mooncake tcp $mc"
   done
 done

@@ -401,8 +401,8 @@ impl Agent {
         self.addr
     }
 
-    /// Registers a segment of `len` zeroed bytes (one buffer) and publishes it to every
-    /// peer.
+    /// Registers a segment of `len` zeroed bytes (one buffer, on huge pages where the
+    /// kernel has them) and publishes it to every peer.
     pub fn register(&self, name: &str, len: usize) -> Result<()> {
         let mut st = self.shared.state();
         if st.local.table.get(name).is_ok() {
@@ -411,7 +411,7 @@ impl Agent {
         let mr = self
             .shared
             .pd
-            .reg_mr(vec![0u8; len], SEGMENT_ACCESS)
+            .reg_mr(huge_zeroed(len), SEGMENT_ACCESS)
             .map_err(verbs)?;
         publish(&mut st, name, mr)
     }
@@ -676,7 +676,10 @@ impl Agent {
             plan.lanes = qps.len();
         }
         if let Link::Tcp(t) = &st.peers[i].link {
-            plan.slice = plan.slice.min(crate::stream::MAX_DATA as u64);
+            plan.slice = match &t.cma {
+                Some(_) => plan.slice.max(cma::SLICE),
+                None => plan.slice.min(crate::stream::MAX_DATA as u64),
+            };
             plan.lanes = t.cma.as_ref().map_or(t.lanes.len(), cma::Cma::lanes);
         }
         let batch = Batch::plan(
@@ -847,6 +850,28 @@ fn release<'a>(
         std::thread::sleep(Duration::from_micros(200));
         st = s.state();
     }
+}
+
+/// Huge pages: a buffer of this size or more is advised onto them.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// `len` zeroed bytes, their whole 2 MiB pages advised onto transparent huge pages
+/// (`MADV_HUGEPAGE`, as numpy does for its large arrays) before anything touches them. A
+/// copy between processes (shared memory's cross-memory attach) pins the target's pages
+/// one by one, and the kernel's socket copies walk them: a huge page makes 512 of them one.
+/// Where the kernel has no transparent huge pages the advice is refused, and ignored.
+fn huge_zeroed(len: usize) -> Vec<u8> {
+    let v = vec![0u8; len];
+    let start = (v.as_ptr() as usize).next_multiple_of(HUGE_PAGE);
+    let end = (v.as_ptr() as usize + len) / HUGE_PAGE * HUGE_PAGE;
+    if end > start {
+        // SAFETY: [start, end) lies inside `v`'s allocation, page-aligned; the advice
+        // changes how the kernel backs those pages, never their contents (zeros either way).
+        #[allow(unsafe_code)]
+        let _ =
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+    }
+    v
 }
 
 /// Adds `mr` to the table as segment `name` and sends every peer the new table.
@@ -1099,14 +1124,17 @@ fn shm_job(
 }
 
 /// Slice `tag` (a batch and slice number, and on RDMA its lane, as posted) ended with
-/// `result` on peer `i`.
-fn end_slice(st: &mut State, i: usize, tag: u64, result: Result<()>) {
+/// `result` on peer `i`; true when that ended its batch (whose waiter is then woken: the
+/// other slices' ends wake nobody).
+fn end_slice(st: &mut State, i: usize, tag: u64, result: Result<()>) -> bool {
     let id = ((tag >> 32) & 0x00ff_ffff) as u32;
     let slice = (tag & 0x00ff_ffff) as usize;
-    if let Some(e) = st.batches.get_mut(&id) {
-        if e.peer == i {
+    match st.batches.get_mut(&id) {
+        Some(e) if e.peer == i => {
             e.batch.complete(slice, result);
+            e.batch.is_finished()
         }
+        _ => false,
     }
 }
 
@@ -1276,4 +1304,45 @@ fn apply(st: &mut State, i: usize, m: Msg) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The VmFlags line of the mapping of this process that holds `addr`.
+    fn vm_flags(addr: usize) -> String {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line.split_whitespace().next().unwrap_or("");
+            if let Some((a, b)) = range.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    inside = a <= addr && addr < b;
+                    continue;
+                }
+            }
+            if inside && line.starts_with("VmFlags:") {
+                return line.to_string();
+            }
+        }
+        panic!("no mapping holds {addr:#x}");
+    }
+
+    #[test]
+    fn owned_segments_are_advised_onto_huge_pages_where_the_kernel_has_them() {
+        let v = huge_zeroed(8 << 20);
+        assert!(v.iter().all(|&b| b == 0));
+        let inner = (v.as_ptr() as usize).next_multiple_of(HUGE_PAGE);
+        let flags = vm_flags(inner);
+        if std::path::Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists() {
+            assert!(flags.contains(" hg"), "{flags}");
+        } else {
+            assert!(!flags.contains(" hg"), "{flags}");
+        }
+        // Too small for a whole huge page: no advice, nothing else changes.
+        let small = huge_zeroed(4096);
+        assert_eq!(small.len(), 4096);
+    }
 }

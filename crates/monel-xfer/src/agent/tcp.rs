@@ -739,8 +739,13 @@ fn on_frame(s: &Shared, i: usize, lane: usize, holds: &Arc<Holds>, f: Frame) -> 
             } else {
                 Err(remote_access())
             };
-            end_slice(&mut st, i, tag, r);
+            let finished = end_slice(&mut st, i, tag, r);
             pump(&mut st);
+            drop(st);
+            if finished {
+                s.changed.notify_all();
+            }
+            return Ok(());
         }
     }
     s.changed.notify_all();
@@ -812,9 +817,11 @@ fn on_data(
     bytes(target.as_ref().map(|(h, off)| h.at(*off)))?;
     drop(target);
     let mut st = s.state();
-    end_slice(&mut st, i, tag, r);
+    let finished = end_slice(&mut st, i, tag, r);
     pump(&mut st);
     drop(st);
-    s.changed.notify_all();
+    if finished {
+        s.changed.notify_all();
+    }
     Ok(())
 }
