@@ -233,30 +233,7 @@ fn a_peer_stalled_in_a_put_is_cut_off_when_its_segment_is_withdrawn() {
     decode.register("kv", 4 << 20).unwrap();
     decode.register("other", 1 << 20).unwrap();
 
-    // A client that speaks the protocol by hand (no secret here): opening, hello, proof,
-    // token and lane 0; then it reads the target's segment table.
-    let mut c = TcpStream::connect(decode.address()).unwrap();
-    c.set_read_timeout(Some(T)).unwrap();
-    c.write_all(stream::OPEN_TCP).unwrap();
-    let mut hello = [0u8; 17];
-    c.read_exact(&mut hello).unwrap();
-    c.write_all(&[0u8; 48]).unwrap();
-    let mut rep = [0u8; 33];
-    c.read_exact(&mut rep).unwrap();
-    assert_eq!(rep[0], stream::OK);
-    c.write_all(&[[9u8; 16].as_slice(), &[0]].concat()).unwrap();
-    let (addr, key) = loop {
-        let mut h = [0u8; HEADER];
-        c.read_exact(&mut h).unwrap();
-        let mut body = vec![0u8; Frame::body_len(&h).unwrap()];
-        c.read_exact(&mut body).unwrap();
-        if let Frame::Msg(m) = Frame::decode(h[4], body).unwrap() {
-            if let Msg::Segments(segs) = Msg::decode(&m).unwrap() {
-                let kv = segs.iter().find(|s| s.name == "kv").unwrap();
-                break (kv.buffers[0].addr, kv.buffers[0].key);
-            }
-        }
-    };
+    let (mut c, addr, key) = hand_client(&decode, "kv");
     // The head of a 1 MiB put, 1000 of its bytes, then nothing.
     let mut put = Frame::put_head(1, key, addr, 1 << 20);
     put.extend_from_slice(&[0xee; 1000]);
@@ -308,4 +285,74 @@ fn a_peer_stalled_in_a_put_is_cut_off_when_its_segment_is_withdrawn() {
         ),
     };
     assert!(refused, "a withdrawn segment is unknown to a new peer");
+}
+
+/// A client that speaks the protocol by hand to `target` (which has no secret): opening,
+/// hello, proof, token and lane 0; then it reads the target's segment table and returns
+/// the connection with the address and key of segment `seg`.
+fn hand_client(target: &Agent, seg: &str) -> (TcpStream, u64, u32) {
+    let mut c = TcpStream::connect(target.address()).unwrap();
+    c.set_read_timeout(Some(T)).unwrap();
+    c.write_all(stream::OPEN_TCP).unwrap();
+    let mut hello = [0u8; 17];
+    c.read_exact(&mut hello).unwrap();
+    c.write_all(&[0u8; 48]).unwrap();
+    let mut rep = [0u8; 33];
+    c.read_exact(&mut rep).unwrap();
+    assert_eq!(rep[0], stream::OK);
+    c.write_all(&[[9u8; 16].as_slice(), &[0]].concat()).unwrap();
+    loop {
+        let f = read_frame(&mut c);
+        if let Frame::Msg(m) = f {
+            if let Msg::Segments(segs) = Msg::decode(&m).unwrap() {
+                let s = segs.iter().find(|s| s.name == seg).unwrap();
+                return (c, s.buffers[0].addr, s.buffers[0].key);
+            }
+        }
+    }
+}
+
+fn read_frame(c: &mut TcpStream) -> Frame {
+    let mut h = [0u8; HEADER];
+    c.read_exact(&mut h).unwrap();
+    let mut body = vec![0u8; Frame::body_len(&h).unwrap()];
+    c.read_exact(&mut body).unwrap();
+    Frame::decode(h[4], body).unwrap()
+}
+
+/// A put whose bytes come in two parts with a pause between them, and nothing after: the
+/// target takes the first part, waits for the rest (it does not wait for more than the put
+/// holds), writes every byte where the put named and acknowledges it.
+#[test]
+fn a_put_that_arrives_in_parts_lands_whole() {
+    let dev = Device::bind("127.0.3.50".parse().unwrap()).unwrap();
+    let mut cfg = AgentConfig::new("decode-p", dev, "127.0.3.50:0".parse().unwrap(), None);
+    cfg.transport = Transport::Tcp;
+    cfg.udp_port = 0;
+    let decode = Agent::new(cfg).unwrap();
+    decode.register("kv", 4 << 20).unwrap();
+    let (mut c, addr, key) = hand_client(&decode, "kv");
+    let data = pattern(1 << 20, 0x33);
+    let mut put = Frame::put_head(7, key, addr + 4096, data.len());
+    put.extend_from_slice(&data[..300 << 10]);
+    c.write_all(&put).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    c.write_all(&data[300 << 10..]).unwrap();
+    let ack = loop {
+        if let f @ Frame::Ack { .. } = read_frame(&mut c) {
+            break f;
+        }
+    };
+    assert_eq!(
+        ack,
+        Frame::Ack {
+            tag: 7,
+            status: stream::OK
+        }
+    );
+    let mut got = vec![0u8; 4 << 20];
+    decode.read_local("kv", 0, &mut got).unwrap();
+    assert!(got[..4096].iter().all(|&b| b == 0));
+    assert!(got[4096..4096 + data.len()] == data[..]);
+    assert!(got[4096 + data.len()..].iter().all(|&b| b == 0));
 }

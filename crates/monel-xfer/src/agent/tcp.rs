@@ -580,28 +580,95 @@ fn take_into(
     }
     r.consume(k);
     let mut done = k;
-    while done < n {
-        // SAFETY: the kernel writes into [to + done, to + n) alone (no Rust reference to the
-        // registration's bytes is made), which lies inside a registration the caller holds.
-        #[allow(unsafe_code)]
-        let got = unsafe {
-            libc::recv(
-                fd,
-                (to as usize + done) as *mut libc::c_void,
-                n - done,
-                libc::MSG_WAITALL,
-            )
-        };
-        match got {
-            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            g if g < 0 => {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
+    let mut lowat = 1;
+    let r = (|| {
+        while done < n {
+            // Sleep until a good part of the rest has arrived, not at every segment: the
+            // socket wakes pollers at `lowat` queued bytes, and the slice still has that
+            // many to come, so the wait always ends. (A blocking receive would take what is
+            // queued first and then wait for `lowat` more, which may never come.)
+            let want = (n - done).min(WAKE_AT);
+            if want != lowat {
+                set_lowat(fd, want)?;
+                lowat = want;
             }
-            g => done += g as usize,
+            wait_readable(fd)?;
+            // SAFETY: the kernel writes into [to + done, to + n) alone (no Rust reference
+            // to the registration's bytes is made), which lies inside a registration the
+            // caller holds.
+            #[allow(unsafe_code)]
+            let got = unsafe {
+                libc::recv(
+                    fd,
+                    (to as usize + done) as *mut libc::c_void,
+                    n - done,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            match got {
+                0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                g if g < 0 => {
+                    let e = std::io::Error::last_os_error();
+                    if !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
+                    ) {
+                        return Err(e);
+                    }
+                }
+                g => done += g as usize,
+            }
         }
+        Ok(())
+    })();
+    // Frame heads and small frames come one by one: wake for every byte again.
+    if lowat != 1 {
+        set_lowat(fd, 1)?;
+    }
+    r
+}
+
+/// Sleeps until the connection `fd` is readable (its low-water mark of bytes is queued) or
+/// ended.
+fn wait_readable(fd: RawFd) -> std::io::Result<()> {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: `p` is one live pollfd for the call.
+        #[allow(unsafe_code)]
+        let r = unsafe { libc::poll(&raw mut p, 1, -1) };
+        if r >= 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// The most a reader waits to have queued before it is woken, inside a slice's bytes.
+const WAKE_AT: usize = 1 << 20;
+
+/// Sets how many bytes the socket holds before a reader is woken (`SO_RCVLOWAT`).
+fn set_lowat(fd: RawFd, n: usize) -> std::io::Result<()> {
+    let v = libc::c_int::try_from(n).unwrap_or(libc::c_int::MAX);
+    // SAFETY: `v` is a live c_int for the call, and its size is the option's length.
+    #[allow(unsafe_code)]
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            (&raw const v).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }
