@@ -57,6 +57,10 @@ pub struct Plan {
     pub slice: u64,
     /// Lanes the slices are spread over; at least 1.
     pub lanes: usize,
+    /// The lane the first slice goes on (taken modulo `lanes`). An agent turns it per peer
+    /// from batch to batch, so that small batches of one slice each spread over the lanes
+    /// too rather than all taking the first.
+    pub first_lane: usize,
 }
 
 impl Default for Plan {
@@ -66,6 +70,7 @@ impl Default for Plan {
         Self {
             slice: 1 << 20,
             lanes: 1,
+            first_lane: 0,
         }
     }
 }
@@ -210,7 +215,7 @@ impl Batch {
                     id,
                     descs: i..i + 1,
                     op: d.op,
-                    lane: id % plan.lanes,
+                    lane: (plan.first_lane % plan.lanes + id) % plan.lanes,
                     local_addr: l.addr + off,
                     local_key: l.key,
                     remote_addr: r.addr + off,
@@ -400,6 +405,7 @@ mod tests {
         let plan = Plan {
             slice: 64 << 10,
             lanes: 3,
+            first_lane: 0,
         };
         // One 256 KiB descriptor, then 16 contiguous 1 KiB ones, then one elsewhere.
         let mut descs = vec![w(0, 0, 256 << 10)];
@@ -467,11 +473,30 @@ mod tests {
     }
 
     #[test]
+    fn the_first_slice_goes_on_the_lane_the_plan_names() {
+        let (l, r) = (table("src", 1, &[1 << 20]), table("dst", 2, &[1 << 20]));
+        let lanes_of = |first_lane: usize, len: u64| {
+            let plan = Plan {
+                slice: 4096,
+                lanes: 3,
+                first_lane,
+            };
+            let b = Batch::plan(&[w(0, 0, len)], &l, &r, plan, None).unwrap();
+            b.slices().iter().map(|x| x.lane).collect::<Vec<_>>()
+        };
+        assert_eq!(lanes_of(0, 4096), [0]);
+        assert_eq!(lanes_of(2, 4096), [2]);
+        assert_eq!(lanes_of(1, 4 * 4096), [1, 2, 0, 1]);
+        assert_eq!(lanes_of(7, 2 * 4096), [1, 2], "taken modulo the lanes");
+    }
+
+    #[test]
     fn a_failed_lane_fails_its_slices_and_no_more_of_their_descriptors_is_posted() {
         let (l, r) = (table("src", 1, &[1 << 20]), table("dst", 2, &[1 << 20]));
         let plan = Plan {
             slice: 4096,
             lanes: 2,
+            first_lane: 0,
         };
         // Descriptor 0 in slices 0-6 (lanes 0, 1, 0, ...), descriptor 1 in slice 7 (lane 1).
         let mut b = Batch::plan(&[w(0, 0, 7 * 4096), w(0, 0, 4096)], &l, &r, plan, None).unwrap();
@@ -498,7 +523,10 @@ mod tests {
     #[test]
     fn batch_bounds() {
         let (l, r) = (table("src", 1, &[1 << 30]), table("dst", 2, &[1 << 30]));
-        let tiny = Plan { slice: 1, lanes: 1 };
+        let tiny = Plan {
+            slice: 1,
+            ..Plan::default()
+        };
         assert!(matches!(
             Batch::plan(&[w(0, 0, 2 << 20)], &l, &r, tiny, None),
             Err(XferError::TooLarge(_))
@@ -508,6 +536,7 @@ mod tests {
         let zero = Plan {
             slice: 4096,
             lanes: 0,
+            first_lane: 0,
         };
         assert!(Batch::plan(&[], &l, &r, zero, None).is_err());
         // An empty batch is finished at once, and its notification goes.

@@ -187,6 +187,8 @@ struct Peer {
     /// Its segment table arrived.
     published: bool,
     lost: Option<XferError>,
+    /// The lane the next batch's first slice goes on.
+    next_lane: usize,
 }
 
 /// This agent's segments: the table (with local keys) and each one's registration.
@@ -670,6 +672,7 @@ impl Agent {
         }
         let mut plan = Plan {
             lanes: 1,
+            first_lane: st.peers[i].next_lane,
             ..self.shared.cfg.plan
         };
         if let Link::Rdma { qps, .. } = &st.peers[i].link {
@@ -689,6 +692,9 @@ impl Agent {
             plan,
             notification,
         )?;
+        // The next batch starts on the lane after this one's last slice.
+        let p = &mut st.peers[i];
+        p.next_lane = (plan.first_lane + batch.slices().len()) % plan.lanes;
         let id = st.next_batch;
         st.next_batch = st.next_batch.wrapping_add(1) & 0x00ff_ffff;
         st.batches.insert(
@@ -921,6 +927,7 @@ fn push_peer(s: &Shared, st: &mut State, link: Link) -> Result<usize> {
         outbox: Outbox::default(),
         published: false,
         lost: None,
+        next_lane: 0,
     });
     let hello = Msg::Hello(s.name.clone());
     let table = Msg::Segments(st.local.published());
