@@ -41,6 +41,8 @@ xt=$!
 mtp=$!
 cleanup() {
   kill $xt $mtp 2>/dev/null || true
+  # Gone before this returns: the next run binds the same addresses and ports.
+  wait $xt $mtp 2>/dev/null || true
   rm -rf "$out"
   if [[ ${NETNS:-0} == 1 ]]; then netns_del xra xrb; fi
 }
