@@ -20,13 +20,17 @@ use monel_xfer::{Agent, AgentConfig, DescState, Msg, Op, Transport, XferError};
 const SECRET: &[u8] = b"job secret for the tcp tests";
 const T: Duration = Duration::from_secs(20);
 
-fn agent(name: &str, ip: &str, secret: Option<&[u8]>, transport: Transport) -> Agent {
+fn config(name: &str, ip: &str, secret: Option<&[u8]>, transport: Transport) -> AgentConfig {
     let dev = Device::bind(ip.parse().unwrap()).unwrap();
     let listen: SocketAddr = format!("{ip}:0").parse().unwrap();
     let mut cfg = AgentConfig::new(name, dev, listen, secret.map(<[u8]>::to_vec));
     cfg.transport = transport;
     cfg.udp_port = 0;
-    Agent::new(cfg).unwrap()
+    cfg
+}
+
+fn agent(name: &str, ip: &str, secret: Option<&[u8]>, transport: Transport) -> Agent {
+    Agent::new(config(name, ip, secret, transport)).unwrap()
 }
 
 #[test]
@@ -224,10 +228,7 @@ fn nothing_landed(decode: &Agent) -> bool {
 /// the agent keeps serving its other peers.
 #[test]
 fn a_peer_stalled_in_a_put_is_cut_off_when_its_segment_is_withdrawn() {
-    let dev = Device::bind("127.0.3.48".parse().unwrap()).unwrap();
-    let mut cfg = AgentConfig::new("decode-z", dev, "127.0.3.48:0".parse().unwrap(), None);
-    cfg.transport = Transport::Tcp;
-    cfg.udp_port = 0;
+    let mut cfg = config("decode-z", "127.0.3.48", None, Transport::Tcp);
     cfg.timeout = Duration::from_secs(1);
     let decode = Agent::new(cfg).unwrap();
     decode.register("kv", 4 << 20).unwrap();
@@ -325,11 +326,7 @@ fn read_frame(c: &mut TcpStream) -> Frame {
 /// holds), writes every byte where the put named and acknowledges it.
 #[test]
 fn a_put_that_arrives_in_parts_lands_whole() {
-    let dev = Device::bind("127.0.3.50".parse().unwrap()).unwrap();
-    let mut cfg = AgentConfig::new("decode-p", dev, "127.0.3.50:0".parse().unwrap(), None);
-    cfg.transport = Transport::Tcp;
-    cfg.udp_port = 0;
-    let decode = Agent::new(cfg).unwrap();
+    let decode = agent("decode-p", "127.0.3.50", None, Transport::Tcp);
     decode.register("kv", 4 << 20).unwrap();
     let (mut c, addr, key) = hand_client(&decode, "kv");
     let data = pattern(1 << 20, 0x33);
