@@ -8,10 +8,10 @@ Usage: cma_raw.py BLOCK THREADS SECONDS BUF"""
 import ctypes
 import subprocess
 import sys
-import threading
-import time
 
 import numpy as np
+
+from walk import walk
 
 
 class Iovec(ctypes.Structure):
@@ -36,31 +36,14 @@ def main():
     libc = ctypes.CDLL(None, use_errno=True)
     libc.process_vm_writev.restype = ctypes.c_ssize_t
     src = np.full(per * threads, 0xa5, np.uint8)
-    done = [0] * threads
-    start = threading.Barrier(threads + 1)
+    def move(off, n):
+        # Fresh iovecs per call, so the threads share none.
+        li, ri = Iovec(src.ctypes.data + off, n), Iovec(remote + off, n)
+        got = libc.process_vm_writev(t.pid, ctypes.byref(li), 1, ctypes.byref(ri), 1, 0)
+        if got != n:
+            raise OSError(ctypes.get_errno(), f"process_vm_writev gave {got}")
 
-    def run(k):
-        base, at = k * per, 0
-        li, ri = Iovec(), Iovec()
-        start.wait()
-        end = time.perf_counter() + secs
-        while time.perf_counter() < end:
-            li.base, li.len = src.ctypes.data + base + at, block
-            ri.base, ri.len = remote + base + at, block
-            n = libc.process_vm_writev(t.pid, ctypes.byref(li), 1, ctypes.byref(ri), 1, 0)
-            if n != block:
-                raise OSError(ctypes.get_errno(), f"process_vm_writev gave {n}")
-            done[k] += block
-            at = (at + block) % per
-
-    ts = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
-    for th in ts:
-        th.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for th in ts:
-        th.join()
-    print(f"{sum(done) / (time.perf_counter() - t0) / 1e9:.3f} GB/s")
+    print(f"{walk(threads, secs, per, block, move):.3f} GB/s")
     t.stdin.close()
     t.wait()
 

@@ -170,6 +170,7 @@ impl Batch {
             in_flight: 0,
             notification,
         };
+        let first = plan.first_lane % plan.lanes;
         for (i, d) in descs.iter().enumerate() {
             let located = local
                 .locate(d.local, d.local_offset, d.len)
@@ -215,7 +216,7 @@ impl Batch {
                     id,
                     descs: i..i + 1,
                     op: d.op,
-                    lane: (plan.first_lane % plan.lanes + id) % plan.lanes,
+                    lane: (first + id) % plan.lanes,
                     local_addr: l.addr + off,
                     local_key: l.key,
                     remote_addr: r.addr + off,

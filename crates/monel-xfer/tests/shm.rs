@@ -6,13 +6,11 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{desc, pattern};
 use monel_verbs::Device;
-use monel_xfer::{Agent, AgentConfig, Desc, DescState, Op, Transport};
+use monel_xfer::{Agent, AgentConfig, DescState, Op, Transport};
 
 const SECRET: &[u8] = b"job secret for the shared-memory tests";
 const T: Duration = Duration::from_secs(20);
@@ -71,8 +69,8 @@ fn bad_descriptors_fail_alone_over_shared_memory() {
 /// a copy into the segment may still come: the caller frees the memory right after.
 #[test]
 fn a_revoked_segment_is_left_alone_once_deregister_returns() {
-    let decode = Arc::new(agent("decode-r", "127.0.3.65", Transport::Shm));
-    let prefill = Arc::new(agent("prefill-r", "127.0.3.66", Transport::Shm));
+    let decode = agent("decode-r", "127.0.3.65", Transport::Shm);
+    let prefill = agent("prefill-r", "127.0.3.66", Transport::Shm);
     let mut mem = vec![0u8; 8 << 20];
     // SAFETY: `mem` outlives the segment (deregistered below, before it is read or dropped).
     #[allow(unsafe_code)]
@@ -84,39 +82,7 @@ fn a_revoked_segment_is_left_alone_once_deregister_returns() {
     prefill.register("src", 8 << 20).unwrap();
     prefill.write_local("src", 0, &[0xAB; 8 << 20]).unwrap();
     prefill.connect(decode.address()).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let (p, s) = (prefill.clone(), stop.clone());
-    let writer = std::thread::spawn(move || {
-        let descs: Vec<Desc<'_>> = (0..8u64)
-            .map(|k| desc(Op::Write, "src", k << 20, "kv", k << 20, 1 << 20))
-            .collect();
-        let (mut done, mut failed) = (0, 0);
-        while !s.load(Ordering::Acquire) {
-            let Ok(id) = p.transfer("decode-r", &descs, None) else {
-                failed += 1;
-                continue;
-            };
-            let st = p.wait(id, T).unwrap();
-            done += st.iter().filter(|d| **d == DescState::Done).count();
-            failed += st.len() - st.iter().filter(|d| **d == DescState::Done).count();
-        }
-        (done, failed)
-    });
-    // Let copies run, then revoke in the middle of them.
-    let t0 = Instant::now();
-    while mem_seen(&mem) == 0 {
-        assert!(t0.elapsed() < T, "no copy landed");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    std::thread::sleep(Duration::from_millis(20));
-    decode.deregister("kv").unwrap();
-    // Nothing may land any more: clear the memory and watch it.
-    mem.fill(0);
-    std::thread::sleep(Duration::from_millis(300));
-    stop.store(true, Ordering::Release);
-    let (done, failed) = writer.join().unwrap();
-    assert!(done > 0 && failed > 0, "done {done}, failed {failed}");
-    assert_eq!(mem_seen(&mem), 0, "a copy landed after deregister returned");
+    common::writes_stop_at_the_withdrawal(&decode, &prefill, "decode-r", &mut mem);
     // The link goes on: the peer was not cut off.
     assert_eq!(prefill.peers(), ["decode-r"]);
     decode.register("kv2", 4096).unwrap();
@@ -133,14 +99,6 @@ fn a_revoked_segment_is_left_alone_once_deregister_returns() {
         )
         .unwrap();
     assert_eq!(prefill.wait(id, T).unwrap(), [DescState::Done]);
-}
-
-fn mem_seen(mem: &[u8]) -> usize {
-    // SAFETY-free volatile-ish read: another process writes this memory as a NIC would.
-    mem.iter()
-        .map(|b| std::hint::black_box(*b))
-        .filter(|&b| b != 0)
-        .count()
 }
 
 /// The victim of [`a_shared_memory_peer_killed_mid_batch_fails_that_batch_alone`].

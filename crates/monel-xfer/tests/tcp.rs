@@ -8,8 +8,6 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{desc, pattern};
@@ -155,12 +153,7 @@ fn the_last_notification_arrives_when_the_sender_goes_at_once() {
 #[test]
 fn a_withdrawn_segment_takes_no_bytes_once_deregister_returns() {
     let decode = agent("decode-y", "127.0.3.46", Some(SECRET), Transport::Tcp);
-    let prefill = Arc::new(agent(
-        "prefill-y",
-        "127.0.3.47",
-        Some(SECRET),
-        Transport::Tcp,
-    ));
+    let prefill = agent("prefill-y", "127.0.3.47", Some(SECRET), Transport::Tcp);
     const LEN: usize = 32 << 20;
     let mut kv = vec![0u8; LEN];
     // SAFETY: `kv` outlives the segment (deregistered below, before `kv` is touched or
@@ -174,53 +167,9 @@ fn a_withdrawn_segment_takes_no_bytes_once_deregister_returns() {
     prefill.register("src", LEN).unwrap();
     prefill.write_local("src", 0, &[0x5a; LEN]).unwrap();
     prefill.connect(decode.address()).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let (p, s) = (prefill, stop.clone());
-    let writer = std::thread::spawn(move || {
-        let d: Vec<_> = (0..32u64)
-            .map(|k| desc(Op::Write, "src", k << 20, "kv", k << 20, 1 << 20))
-            .collect();
-        let (mut done, mut refused) = (0, 0);
-        while !s.load(Ordering::Acquire) {
-            let Ok(id) = p.transfer("decode-y", &d, None) else {
-                break;
-            };
-            for st in p.wait(id, T).unwrap() {
-                match st {
-                    DescState::Done => done += 1,
-                    DescState::Failed(_) => refused += 1,
-                    DescState::Pending => panic!("a batch did not end"),
-                }
-            }
-        }
-        (done, refused)
-    });
-    // Let the writes run, then withdraw the segment under them.
-    let t0 = Instant::now();
-    while nothing_landed(&decode) {
-        assert!(t0.elapsed() < T, "no WRITE landed");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    std::thread::sleep(Duration::from_millis(100));
-    decode.deregister("kv").unwrap();
-    // The memory is the test's again: clear it, and nothing may write it any more.
-    kv.fill(0);
-    std::thread::sleep(Duration::from_millis(300));
-    stop.store(true, Ordering::Release);
-    let (done, refused) = writer.join().unwrap();
-    assert!(
-        kv.iter().all(|&b| b == 0),
-        "bytes landed after deregister returned"
-    );
-    assert!(done > 0 && refused > 0, "done {done}, refused {refused}");
+    let (done, refused) =
+        common::writes_stop_at_the_withdrawal(&decode, &prefill, "decode-y", &mut kv);
     eprintln!("{done} WRITEs landed before the withdrawal, {refused} refused after");
-}
-
-/// Whether the decode side's "kv" still holds a zero at its first byte (no WRITE yet).
-fn nothing_landed(decode: &Agent) -> bool {
-    let mut b = [0u8; 1];
-    decode.read_local("kv", 0, &mut b).unwrap();
-    b[0] == 0
 }
 
 /// A peer that sends the head of a 1 MiB put into a segment and then stalls holds that

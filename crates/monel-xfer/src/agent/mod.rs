@@ -451,9 +451,9 @@ impl Agent {
         let mr = st.local.mrs.remove(name);
         broadcast(&mut st, &Msg::Revoke(name.to_string()));
         let deadline = Instant::now() + self.shared.cfg.timeout;
-        let st = self.stop_copies(st, name, deadline);
+        drop(self.stop_copies(st, name, deadline));
         if let Some(mr) = mr {
-            release(&self.shared, st, &mr, deadline);
+            release(&self.shared, &mr, deadline);
         }
         self.shared.changed.notify_all();
         Ok(())
@@ -812,17 +812,10 @@ impl Drop for Agent {
         }
         // Memory registered in place is the caller's again once the agent is gone: wait
         // for the connections' calls on it to end (they fail at once on a closed socket).
-        let until = Instant::now() + self.shared.cfg.timeout;
-        while Instant::now() < until
-            && self
-                .shared
-                .state()
-                .local
-                .mrs
-                .values()
-                .any(|m| Arc::strong_count(m) > 1)
-        {
-            std::thread::sleep(Duration::from_micros(200));
+        let mrs: Vec<_> = self.shared.state().local.mrs.drain().collect();
+        let deadline = Instant::now() + self.shared.cfg.timeout;
+        for (_, mr) in &mrs {
+            release(&self.shared, mr, deadline);
         }
     }
 }
@@ -830,15 +823,11 @@ impl Drop for Agent {
 /// Waits until nothing but the caller holds `mr` (a withdrawn registration): copies and
 /// TCP connections that move its bytes outside the lock finish first. Peers whose
 /// connections still hold it at `deadline` are cut off, which ends their connections' calls.
-fn release<'a>(
-    s: &'a Shared,
-    mut st: MutexGuard<'a, State>,
-    mr: &Arc<MemoryRegion>,
-    deadline: Instant,
-) {
+fn release(s: &Shared, mr: &Arc<MemoryRegion>, deadline: Instant) {
     let mut cut = false;
     while Arc::strong_count(mr) > 1 {
         if !cut && Instant::now() >= deadline {
+            let mut st = s.state();
             for p in &mut st.peers {
                 if let Link::Tcp(t) = &p.link {
                     if p.lost.is_none() && t.holding(mr) {
@@ -852,9 +841,7 @@ fn release<'a>(
             pump(&mut st);
             cut = true;
         }
-        drop(st);
         std::thread::sleep(Duration::from_micros(200));
-        st = s.state();
     }
 }
 

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use monel_verbs::MemoryRegion;
 use monel_verbs::auth::nonce;
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use super::{Link, Local, MSG_MAX, Shared, apply, end_slice, io, next_peer, pump, push_peer};
 use crate::batch::{Op, Slice};
@@ -475,8 +477,7 @@ fn write_loop(
         let n = o.wire_len();
         let sent = match o {
             Out::Frame(f) => {
-                buf.extend_from_slice(&f.head());
-                buf.extend_from_slice(f.payload());
+                f.write_to(&mut buf).expect("a Vec takes every byte");
                 if buf.len() >= BUF {
                     let sent = send_all(fd, &buf, None);
                     buf.clear();
@@ -557,12 +558,7 @@ fn send_all(fd: RawFd, a: &[u8], from: Option<(u64, usize)>) -> std::io::Result<
 
 /// Takes the next `n` bytes of the connection (what `r` holds first, then the socket's)
 /// into the `n` bytes at address `to`, or drops them when `to` is `None`.
-fn take_into(
-    r: &mut BufReader<TcpStream>,
-    fd: RawFd,
-    to: Option<u64>,
-    n: usize,
-) -> std::io::Result<()> {
+fn take_into(r: &mut BufReader<TcpStream>, to: Option<u64>, n: usize) -> std::io::Result<()> {
     let Some(to) = to else {
         let got = std::io::copy(&mut r.by_ref().take(n as u64), &mut std::io::sink())?;
         if got < n as u64 {
@@ -579,6 +575,7 @@ fn take_into(
         std::ptr::copy_nonoverlapping(held.as_ptr(), to as usize as *mut u8, k);
     }
     r.consume(k);
+    let c = r.get_ref();
     let mut done = k;
     let mut lowat = 1;
     let r = (|| {
@@ -589,17 +586,17 @@ fn take_into(
             // queued first and then wait for `lowat` more, which may never come.)
             let want = (n - done).min(WAKE_AT);
             if want != lowat {
-                set_lowat(fd, want)?;
+                set_lowat(c, want)?;
                 lowat = want;
             }
-            wait_readable(fd)?;
+            wait_readable(c)?;
             // SAFETY: the kernel writes into [to + done, to + n) alone (no Rust reference
             // to the registration's bytes is made), which lies inside a registration the
             // caller holds.
             #[allow(unsafe_code)]
             let got = unsafe {
                 libc::recv(
-                    fd,
+                    c.as_raw_fd(),
                     (to as usize + done) as *mut libc::c_void,
                     n - done,
                     libc::MSG_DONTWAIT,
@@ -623,29 +620,19 @@ fn take_into(
     })();
     // Frame heads and small frames come one by one: wake for every byte again.
     if lowat != 1 {
-        set_lowat(fd, 1)?;
+        set_lowat(c, 1)?;
     }
     r
 }
 
-/// Sleeps until the connection `fd` is readable (its low-water mark of bytes is queued) or
+/// Sleeps until the connection `c` is readable (its low-water mark of bytes is queued) or
 /// ended.
-fn wait_readable(fd: RawFd) -> std::io::Result<()> {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
+fn wait_readable(c: &TcpStream) -> std::io::Result<()> {
     loop {
-        // SAFETY: `p` is one live pollfd for the call.
-        #[allow(unsafe_code)]
-        let r = unsafe { libc::poll(&raw mut p, 1, -1) };
-        if r >= 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
+        let mut p = [PollFd::new(c.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut p, PollTimeout::NONE) {
+            Err(Errno::EINTR) => {}
+            r => return r.map(drop).map_err(std::io::Error::from),
         }
     }
 }
@@ -653,14 +640,15 @@ fn wait_readable(fd: RawFd) -> std::io::Result<()> {
 /// The most a reader waits to have queued before it is woken, inside a slice's bytes.
 const WAKE_AT: usize = 1 << 20;
 
-/// Sets how many bytes the socket holds before a reader is woken (`SO_RCVLOWAT`).
-fn set_lowat(fd: RawFd, n: usize) -> std::io::Result<()> {
+/// Sets how many bytes the socket holds before a reader is woken (`SO_RCVLOWAT`, which
+/// nix does not wrap).
+fn set_lowat(c: &TcpStream, n: usize) -> std::io::Result<()> {
     let v = libc::c_int::try_from(n).unwrap_or(libc::c_int::MAX);
     // SAFETY: `v` is a live c_int for the call, and its size is the option's length.
     #[allow(unsafe_code)]
     let r = unsafe {
         libc::setsockopt(
-            fd,
+            c.as_raw_fd(),
             libc::SOL_SOCKET,
             libc::SO_RCVLOWAT,
             (&raw const v).cast(),
@@ -674,7 +662,6 @@ fn set_lowat(fd: RawFd, n: usize) -> std::io::Result<()> {
 }
 
 fn read_loop(s: &Weak<Shared>, i: usize, lane: usize, c: TcpStream, holds: &Arc<Holds>) {
-    let fd = c.as_raw_fd();
     let mut r = BufReader::with_capacity(READ_BUF, c);
     let err = loop {
         let mut h = [0u8; HEADER];
@@ -700,7 +687,7 @@ fn read_loop(s: &Weak<Shared>, i: usize, lane: usize, c: TcpStream, holds: &Arc<
             let Some(shared) = s.upgrade() else { return };
             let n = body - fixed;
             let mut bytes = |to: Option<u64>| {
-                take_into(&mut r, fd, to, n)
+                take_into(&mut r, to, n)
                     .map_err(|e| XferError::PeerLost(format!("its connection: {e}")))
             };
             let done = match head {

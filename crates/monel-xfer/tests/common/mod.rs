@@ -4,7 +4,8 @@
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use monel_xfer::{Agent, Desc, DescState, Op, XferError};
 
@@ -155,7 +156,7 @@ pub(crate) fn a_killed_peer_fails_its_batch_alone(b: &Agent, mut victim: Child, 
     }
     victim.kill().unwrap();
     victim.wait().unwrap();
-    let t0 = std::time::Instant::now();
+    let t0 = Instant::now();
     let s = b.wait(id, t).unwrap();
     assert!(s.contains(&DescState::Done), "{s:?}");
     assert!(
@@ -176,4 +177,65 @@ pub(crate) fn a_killed_peer_fails_its_batch_alone(b: &Agent, mut victim: Child, 
         b.transfer("a", &big[..1], None),
         Err(XferError::PeerLost(_))
     ));
+}
+
+/// `decode` registered `mem` in place as "kv"; `prefill` (whose "src" is as long and holds
+/// no zero byte) keeps writing 1 MiB blocks into it, and `decode` withdraws the segment
+/// under those writes. Once `deregister` returns nothing lands in `mem` any more (it is
+/// cleared and watched for 300 ms); some writes were done before, some failed after, and
+/// every batch ended. Returns (done, failed).
+pub(crate) fn writes_stop_at_the_withdrawal(
+    decode: &Agent,
+    prefill: &Agent,
+    to: &str,
+    mem: &mut [u8],
+) -> (usize, usize) {
+    let t = Duration::from_secs(20);
+    let stop = AtomicBool::new(false);
+    let blocks = (mem.len() >> 20) as u64;
+    std::thread::scope(|sc| {
+        let writer = sc.spawn(|| {
+            let descs: Vec<Desc<'_>> = (0..blocks)
+                .map(|k| desc(Op::Write, "src", k << 20, "kv", k << 20, 1 << 20))
+                .collect();
+            let (mut done, mut failed) = (0, 0);
+            while !stop.load(Ordering::Acquire) {
+                let Ok(id) = prefill.transfer(to, &descs, None) else {
+                    failed += 1;
+                    continue;
+                };
+                for st in prefill.wait(id, t).unwrap() {
+                    match st {
+                        DescState::Done => done += 1,
+                        DescState::Failed(_) => failed += 1,
+                        DescState::Pending => panic!("a batch did not end"),
+                    }
+                }
+            }
+            (done, failed)
+        });
+        // Let the writes run, then withdraw the segment under them.
+        let t0 = Instant::now();
+        let mut first = [0u8; 1];
+        while first[0] == 0 {
+            assert!(t0.elapsed() < t, "no WRITE landed");
+            std::thread::sleep(Duration::from_millis(1));
+            decode.read_local("kv", 0, &mut first).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        decode.deregister("kv").unwrap();
+        // The memory is the caller's again: clear it, and nothing may write it any more.
+        mem.fill(0);
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, Ordering::Release);
+        let (done, failed) = writer.join().unwrap();
+        let seen = mem
+            .iter()
+            .map(|b| std::hint::black_box(*b))
+            .filter(|&b| b != 0)
+            .count();
+        assert_eq!(seen, 0, "bytes landed after deregister returned");
+        assert!(done > 0 && failed > 0, "done {done}, failed {failed}");
+        (done, failed)
+    })
 }
