@@ -20,10 +20,14 @@ pkgs=($kpkg busybox-static ibverbs-utils ibverbs-providers libibverbs1 librdmacm
 cd "$work/debs"
 missing=()
 for p in "${pkgs[@]}"; do ls "${p}"_*.deb >/dev/null 2>&1 || missing+=("$p"); done
-if ((${#missing[@]})); then apt-get download "${missing[@]}" >/dev/null; fi
+# A stale package index names versions the mirror no longer has: refresh it and try again.
+if ((${#missing[@]})); then
+  apt-get download "${missing[@]}" >/dev/null 2>&1 || { apt-get update -qq && apt-get download "${missing[@]}" >/dev/null; }
+fi
 rm -rf "$work/root" "$work/initramfs"
 mkdir -p "$work/root"
-for d in *.deb; do dpkg-deb -x "$d" "$work/root"; done
+# The newest download of each package (a kept directory may hold older ones).
+for p in "${pkgs[@]}"; do dpkg-deb -x "$(ls "${p}"_*.deb | sort -V | tail -1)" "$work/root"; done
 R=$work/root
 I=$work/initramfs
 mkdir -p $I/{bin,sbin,etc,proc,sys,dev,tmp,root,mnt,lib/modules,usr/lib/x86_64-linux-gnu/libibverbs,lib64,lib/x86_64-linux-gnu,etc/libibverbs.d,run,var}
@@ -78,5 +82,7 @@ ln -sf ../lib/x86_64-linux-gnu $I/usr/lib/x86_64-linux-gnu/lib 2>/dev/null || tr
 cp "$here/init" $I/init
 chmod +x $I/init
 echo "root:x:0:0:root:/root:/bin/sh" > $I/etc/passwd
-(cd $I && find . | cpio -o -H newc --quiet | gzip -1) > "$work/initrd.gz"
+# Written aside and renamed: a build that fails halfway leaves no initrd that looks up to date.
+(cd $I && find . | cpio -o -H newc --quiet | gzip -1) > "$work/initrd.gz.part"
+mv "$work/initrd.gz.part" "$work/initrd.gz"
 echo "rxe-vm: kernel $kver, initrd $(du -h "$work/initrd.gz" | cut -f1) in $work"

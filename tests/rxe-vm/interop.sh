@@ -8,7 +8,8 @@
 # directions, with -a, -q, -D and -b; then
 # `monel doctor` carried into the VM, where it reads rxe0's GID table; then F, Monel's
 # rdma-core provider on rxe0 in the VM: its verbs tests, pingpong against the host's soft RNIC
-# and against rdma-core's own ibv_rc_pingpong, and every collective on 2 ranks over rxe0.
+# and against rdma-core's own ibv_rc_pingpong, and every collective on 2 ranks over rxe0 (with
+# registered windows too: sends without a staging copy).
 # Run as root (network namespace, tap). Exit 0 only if every run and every ICRC passed.
 #   interop.sh [MONEL_BINARY]
 set -euo pipefail
@@ -353,6 +354,19 @@ for c in $colls; do
   grep -q "Out of bounds values : 0 OK" /tmp/b0 || { cat /tmp/b0 /tmp/b1; exit 1; }
   [ \$r0 = 0 ] && [ \$r1 = 0 ] || exit 1
 done
+# Registered windows (-R 1): the payload goes from the window to rxe, no staging copy.
+for c in all_reduce all_gather; do
+  for r in 0 1; do
+    env RANK=\$r WORLD_SIZE=2 MASTER_ADDR=10.77.0.2 MASTER_PORT=29501 MONEL_HOST=h\$r MONEL_TRANSPORT=rdma MONEL_DEBUG=INFO \
+      timeout 120 monel bench \$c -b 8 -e 1M -f 8 -n 3 -c 1 -R 1 > /tmp/b\$r 2>&1 &
+  done
+  wait %1; r0=\$?; wait %2; r1=\$?
+  echo "RUN bench -R 1 \$c rc=\$r0/\$r1"
+  grep -m1 "registered with the NIC" /tmp/b0 || { cat /tmp/b0; exit 1; }
+  grep -q "Out of bounds values : 0 OK" /tmp/b0 || { cat /tmp/b0 /tmp/b1; exit 1; }
+  grep "without a staging copy: [1-9]" /tmp/b0 || { cat /tmp/b0; exit 1; }
+  [ \$r0 = 0 ] && [ \$r1 = 0 ] || exit 1
+done
 echo "HW DONE"
 VM
 "$here/run.sh" -M 9000 -T 600 -l "$out/vm-f.log" -b "$monel" -b "$out/rdma_core_tests" -b "$out/hw.sh" -c "sh /bin/hw.sh" > "$out/vm-f.txt" 2>&1 &
@@ -402,8 +416,8 @@ fi
 if wait $vm && grep -q "HW DONE" "$out/vm-f.txt"; then
   grep "xfer-bench" "$out/vm-f.txt" | grep "every block checked" | sed 's/^/PASS F vm-initiator (host soft-RNIC target): /'
   [[ $(grep -c "xfer-bench .*every block checked" "$out/vm-f.txt") == 2 ]] || { echo "FAIL F: the VM's xfer-bench runs"; fail=1; }
-  echo "PASS F vm: $(grep -c '^test .* ok$' "$out/vm-f.txt") verbs tests on rxe0; pingpong both ways with ibv_rc_pingpong; every collective on 2 ranks over rxe0, verified"
-  grep -E "test result|RUN bench" "$out/vm-f.txt" | sed 's/^/  vm: /'
+  echo "PASS F vm: $(grep -c '^test .* ok$' "$out/vm-f.txt") verbs tests on rxe0; pingpong both ways with ibv_rc_pingpong; every collective on 2 ranks over rxe0, verified; registered windows sent without a staging copy"
+  grep -E "test result|RUN bench|without a staging copy" "$out/vm-f.txt" | sed 's/^/  vm: /'
 else
   echo "FAIL F: VM side"; grep -vE "^\[" "$out/vm-f.txt" | tail -30; fail=1
 fi

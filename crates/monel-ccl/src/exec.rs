@@ -139,6 +139,10 @@ pub(crate) struct Ctx<'a> {
     /// Names a peer that stops answering while the call waits on it (`None`: only the
     /// timeout does).
     pub(crate) liveness: Option<Liveness<'a>>,
+    /// Sends of bytes nothing writes before the call ends may leave them where they lie
+    /// for the transport (memory registered with the NIC skips the staging copy); the call
+    /// then waits at its end until the transports read them no more.
+    pub(crate) stable_sends: bool,
 }
 
 /// The numbers of the last message sent to and received from each peer, and the tags of
@@ -199,6 +203,10 @@ pub(crate) struct Pool {
     last: Vec<usize>,
     driven: Vec<u8>,
     armed: Vec<(usize, i32, PollFlags)>,
+    /// With stable sends: the schedule's writes (step, by a receive, address range).
+    writes: Vec<Write>,
+    /// Per peer: stable sends went to it, so the call ends by settling its link.
+    settle: Vec<bool>,
 }
 
 struct SendSt {
@@ -211,6 +219,8 @@ struct SendSt {
     hdr_sent: usize,
     frame_left: usize,
     in_frame: bool,
+    /// Nothing writes `src` before the call ends ([`Ctx::stable_sends`]).
+    stable: bool,
     done: bool,
 }
 
@@ -259,12 +269,16 @@ impl SendSt {
                 }
                 // The header and as much of the payload as fits, in one go.
                 let data = bufs.bytes(self.src)?;
-                let n = link
-                    .write_two(
-                        &self.hdr[self.hdr_sent..],
-                        &data[self.sent..self.sent + self.frame_left],
-                    )
-                    .map_err(|e| lost(self.peer, &ctx.name.what(), &e))?;
+                let (hdr, body) = (
+                    &self.hdr[self.hdr_sent..],
+                    &data[self.sent..self.sent + self.frame_left],
+                );
+                let n = if self.stable {
+                    link.write_two_stable(hdr, body)
+                } else {
+                    link.write_two(hdr, body)
+                }
+                .map_err(|e| lost(self.peer, &ctx.name.what(), &e))?;
                 if n == 0 {
                     return Ok(progress);
                 }
@@ -281,9 +295,13 @@ impl SendSt {
             }
             if self.frame_left > 0 {
                 let data = bufs.bytes(self.src)?;
-                let n = link
-                    .write_some(&data[self.sent..self.sent + self.frame_left])
-                    .map_err(|e| lost(self.peer, &ctx.name.what(), &e))?;
+                let body = &data[self.sent..self.sent + self.frame_left];
+                let n = if self.stable {
+                    link.write_two_stable(&[], body)
+                } else {
+                    link.write_some(body)
+                }
+                .map_err(|e| lost(self.peer, &ctx.name.what(), &e))?;
                 if n == 0 {
                     return Ok(progress);
                 }
@@ -675,6 +693,8 @@ pub(crate) fn run(
         last,
         driven,
         armed,
+        writes,
+        settle,
     } = pool;
     stages.resize_with(npeers, Vec::new);
     early.clear();
@@ -692,6 +712,12 @@ pub(crate) fn run(
             }
         }
     }
+    writes.clear();
+    settle.clear();
+    settle.resize(npeers, false);
+    if ctx.stable_sends {
+        note_writes(sched, bufs, writes)?;
+    }
     for (now_at, step) in sched.steps.iter().enumerate() {
         for op in &step.ops {
             match *op {
@@ -706,6 +732,14 @@ pub(crate) fn run(
         for op in &step.ops {
             let (peer, dst, acc) = match *op {
                 Op::Send { peer, src } => {
+                    let stable = ctx.stable_sends
+                        && src.buf != Buf::Scratch
+                        && unwritten_after(writes, now_at, span_range(bufs.bytes(src)?));
+                    if stable {
+                        if let Some(s) = settle.get_mut(peer) {
+                            *s = true;
+                        }
+                    }
                     sends.push(SendSt {
                         peer,
                         sig: ctx.next_sig(peer, src.len * es, true, src.buf),
@@ -716,6 +750,7 @@ pub(crate) fn run(
                         hdr_sent: 0,
                         frame_left: 0,
                         in_frame: false,
+                        stable,
                         done: false,
                     });
                     continue;
@@ -882,6 +917,53 @@ pub(crate) fn run(
                 early[p] = watch_idle(ctx, p, last[p] <= now_at + 1)?;
             }
             idle_since = None;
+        }
+    }
+    // The transports may still read bytes sent in place: the caller gets them back once the
+    // peers have them.
+    for (p, _) in settle.iter().enumerate().filter(|(_, s)| **s) {
+        let deadline = *ctx
+            .deadline
+            .get_or_insert_with(|| Instant::now() + ctx.timeout);
+        let what = ctx.name.what();
+        ctx.links
+            .link(p)?
+            .settle(deadline)
+            .map_err(|e| lost(p, &what, &e))?;
+    }
+    Ok(())
+}
+
+/// The byte addresses a span's bytes take.
+fn span_range(b: &[u8]) -> std::ops::Range<usize> {
+    let p = b.as_ptr() as usize;
+    p..p + b.len()
+}
+
+/// A write of a schedule: its step, whether a receive makes it, the addresses it writes.
+type Write = (usize, bool, std::ops::Range<usize>);
+
+/// True when none of `writes` touches `at` once step `now_at`'s local operations have run
+/// (its sends go after them): no later step writes it, nor a receive of this step.
+fn unwritten_after(writes: &[Write], now_at: usize, at: std::ops::Range<usize>) -> bool {
+    !writes.iter().any(|(k, by_recv, w)| {
+        (*k > now_at || (*k == now_at && *by_recv)) && w.start < at.end && at.start < w.end
+    })
+}
+
+/// Collects every write of `sched` outside scratch: its step, whether a receive makes it,
+/// and the addresses it writes.
+fn note_writes(sched: &Schedule, bufs: &Buffers<'_>, out: &mut Vec<Write>) -> Result<()> {
+    for (k, step) in sched.steps.iter().enumerate() {
+        for op in &step.ops {
+            let (dst, by_recv) = match *op {
+                Op::Recv { dst, .. } | Op::RecvReduce { dst, .. } => (dst, true),
+                Op::Copy { dst, .. } | Op::Reduce { dst, .. } | Op::Divide { dst } => (dst, false),
+                Op::Send { .. } => continue,
+            };
+            if dst.buf != Buf::Scratch && dst.len > 0 {
+                out.push((k, by_recv, span_range(bufs.bytes(dst)?)));
+            }
         }
     }
     Ok(())
@@ -1069,6 +1151,50 @@ mod tests {
         .to_vec();
         f.extend_from_slice(payload);
         f
+    }
+
+    /// Which sends of `sched`, in order, may leave their bytes in place.
+    fn stable_flags(sched: &Schedule, bufs: &Buffers<'_>) -> Vec<bool> {
+        let mut w = Vec::new();
+        note_writes(sched, bufs, &mut w).unwrap();
+        let mut out = Vec::new();
+        for (k, step) in sched.steps.iter().enumerate() {
+            for op in &step.ops {
+                if let Op::Send { src, .. } = *op {
+                    let at = span_range(bufs.bytes(src).unwrap());
+                    out.push(src.buf != Buf::Scratch && unwritten_after(&w, k, at));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn sends_stay_in_place_only_when_nothing_writes_their_bytes_before_the_call_ends() {
+        use monel_sched::schedule as sch;
+        use monel_sched::{DataType, RedOp};
+        let (f32, sum) = (DataType::F32, RedOp::Sum);
+        let mut buf = vec![0u8; 4 * 12];
+        let input = vec![0u8; 4 * 12];
+        // In-place ring AllReduce: the reduce-scatter half sends a chunk that the
+        // all-gather half overwrites; the all-gather half sends finished chunks.
+        let b = Buffers::in_place(&mut buf, 0, 0, f32, sum, 3);
+        let ring = sch::allreduce_ring(3, 0, 12, false);
+        assert_eq!(stable_flags(&ring, &b), [false, false, true, true]);
+        // Out of place the first send reads the input, which nothing writes.
+        let b = Buffers::separate(&input, &mut buf, f32, sum, 3);
+        assert_eq!(stable_flags(&ring, &b), [true, false, true, true]);
+        // In-place AllToAll: the block sent to a peer is where that peer's block lands, in
+        // the same step.
+        let a2a = sch::alltoall_direct(3, 0, 4);
+        let b = Buffers::in_place(&mut buf, 0, 0, f32, sum, 3);
+        assert_eq!(stable_flags(&a2a, &b), [false, false]);
+        let b = Buffers::separate(&input, &mut buf, f32, sum, 3);
+        assert_eq!(stable_flags(&a2a, &b), [true, true]);
+        // A ring AllGather forwards blocks that are never written again.
+        let ag = sch::all_gather_ring(3, 0, 4);
+        let b = Buffers::separate(&input[..16], &mut buf, f32, sum, 3);
+        assert_eq!(stable_flags(&ag, &b), [true, true]);
     }
 
     /// The reason a failed rank sent is found behind data this rank has not read, from the

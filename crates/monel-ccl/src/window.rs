@@ -30,6 +30,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::error::{CclError, ErrorKind, Result};
+use crate::transport::Link;
 use crate::transport::segment::Segment;
 use monel_sched::dtype::{DataType, RedOp};
 use monel_sched::plan::Collective;
@@ -47,6 +48,8 @@ const PASS: usize = 64 << 10;
 
 /// One rank's window and its views of the other ranks' windows of the same id.
 pub(crate) struct Region {
+    /// The window's registrations with this rank's NIC (dropped first, before the memory).
+    registrations: Vec<Box<dyn std::any::Any + Send + Sync>>,
     pub(crate) id: usize,
     len: usize,
     own: Segment,
@@ -67,10 +70,26 @@ impl Region {
     pub(crate) fn new(id: usize, len: usize, own: Segment, peers: Vec<Option<Segment>>) -> Self {
         debug_assert!(own.len() >= HEADER + len);
         Self {
+            registrations: Vec::new(),
             id,
             len,
             own,
             peers,
+        }
+    }
+
+    /// Registers the window's bytes with the NIC behind `link` ([`Link::register`]), so
+    /// sends from them skip the staging copy; `Ok(false)`: the link has no NIC.
+    pub(crate) fn register_with(&mut self, link: &dyn Link) -> std::io::Result<bool> {
+        // SAFETY: the region owns the mapping, and drops its registrations before it
+        // (they are its first field).
+        #[allow(unsafe_code)]
+        match unsafe { link.register(self.data(), self.len) } {
+            Some(r) => {
+                self.registrations.push(r?);
+                Ok(true)
+            }
+            None => Ok(false),
         }
     }
 
@@ -176,6 +195,8 @@ pub(crate) struct Windows {
     /// Windows made so far: the next one's id.
     made: usize,
     meetings: u64,
+    /// A window was registered with this rank's NIC: sends may skip the staging copy.
+    on_nic: bool,
 }
 
 /// Where one buffer of a call lies: (window id, offset), or nowhere (an empty buffer).
@@ -188,6 +209,14 @@ impl Windows {
     }
     pub(crate) fn set_ctl(&mut self, ctl: Region) {
         self.ctl = Some(ctl);
+    }
+    /// Notes whether a new window was registered with the NIC ([`Self::on_nic`]).
+    pub(crate) fn note_registered(&mut self, yes: bool) {
+        self.on_nic |= yes;
+    }
+    /// Some window was registered with this rank's NIC.
+    pub(crate) fn on_nic(&self) -> bool {
+        self.on_nic
     }
     /// The id the next window gets.
     pub(crate) fn next_id(&self) -> usize {

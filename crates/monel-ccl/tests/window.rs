@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use monel_ccl::WINDOW_MIN_BYTES as MIN_BYTES;
 use monel_ccl::{
-    Algorithm, Collective, CommConfig, Communicator, DataType, ErrorKind, Io, RedOp, UniqueId,
+    Algorithm, Collective, CommConfig, Communicator, DataType, ErrorKind, Io, RedOp, Transports,
+    UniqueId,
 };
 use monel_sched::fp8::Fp8;
 
@@ -18,6 +19,17 @@ fn ranks<T: Send + 'static>(
     n: usize,
     timeout: Duration,
     host: fn(usize) -> Option<String>,
+    f: impl Fn(&mut Communicator) -> T + Send + Sync + Clone + 'static,
+) -> Vec<T> {
+    ranks_over(n, timeout, host, None, f)
+}
+
+/// As [`ranks`], on the given transports only (`MONEL_TRANSPORT`'s syntax) when named.
+fn ranks_over<T: Send + 'static>(
+    n: usize,
+    timeout: Duration,
+    host: fn(usize) -> Option<String>,
+    via: Option<&'static str>,
     f: impl Fn(&mut Communicator) -> T + Send + Sync + Clone + 'static,
 ) -> Vec<T> {
     let id = UniqueId::create("127.0.0.1:0".parse().unwrap()).unwrap();
@@ -31,6 +43,9 @@ fn ranks<T: Send + 'static>(
                 };
                 cfg.shm.ring = 64 << 10;
                 cfg.shm.host = host(r);
+                if let Some(via) = via {
+                    cfg.transports = Transports::parse(via).unwrap();
+                }
                 let mut c = Communicator::init_rank(n, r, &id, cfg).unwrap();
                 f(&mut c)
             })
@@ -344,4 +359,120 @@ fn ranks_asleep_at_a_meeting_wake_when_the_late_rank_comes() {
             t0.elapsed()
         );
     }
+}
+
+fn host_of_its_own(r: usize) -> Option<String> {
+    Some(format!("host{r}"))
+}
+
+/// Ranks on different hosts over the soft RNIC: their windows are registered with the NIC,
+/// and every collective on them, in place and out of place, gives the ordinary path's bits
+/// while the sends of bytes nothing overwrites during the call go straight from the window
+/// (two SGEs: the frame header from staging, the payload where it lies).
+#[test]
+fn windows_registered_with_the_nic_send_without_staging_and_give_the_same_bits() {
+    for n in [2, 3] {
+        let out = ranks_over(
+            n,
+            Duration::from_secs(60),
+            host_of_its_own,
+            Some("rdma"),
+            move |c| {
+                let n = c.size();
+                let max = 70_001 * n * 4;
+                let mut ws = c.alloc_window(max + 64).unwrap();
+                let mut wr = c.alloc_window(max + 64).unwrap();
+                assert!(!ws.is_shared() && !wr.is_shared());
+                let mut seen = Vec::new();
+                for (k, t) in [DataType::F32, DataType::U8].into_iter().enumerate() {
+                    for coll in collectives(n, RedOp::Sum) {
+                        for (count, in_place) in [(70_001, false), (70_001, true), (1003, false)] {
+                            if in_place && coll.in_place_layout(n, 0, count).is_none() {
+                                continue;
+                            }
+                            let ctx = format!(
+                                "{coll} {t} count {count} in place {in_place} rank {} of {n}",
+                                c.rank()
+                            );
+                            let (want, _) = call(c, coll, t, count, in_place, k, None, 0);
+                            let before = c.zero_copy_bytes();
+                            let off = 8 * ((k + c.rank()) % 3);
+                            let win = Some((&mut *ws, &mut *wr));
+                            let (got, path) = call(c, coll, t, count, in_place, k, win, off);
+                            assert_ne!(path, "window", "{ctx}");
+                            assert_eq!(got, want, "{ctx}");
+                            seen.push((format!("{coll} {t} {count} {in_place}"), {
+                                c.zero_copy_bytes() - before
+                            }));
+                        }
+                    }
+                }
+                seen
+            },
+        );
+        // Out of place, every collective sends bytes nothing overwrites during the call
+        // from the window on some rank. The reduction chain (Reduce on 2 ranks) sends
+        // partial sums from scratch, which is not registered.
+        for (i, (what, _)) in out[0].iter().enumerate() {
+            let straight: u64 = out.iter().map(|rank| rank[i].1).sum();
+            if what.ends_with("70001 false") && !(n == 2 && what.starts_with("reduce(")) {
+                assert!(straight > 0, "{n} ranks, {what}: nothing went straight");
+            }
+        }
+    }
+}
+
+/// A call on registered windows returns only once the peers have the bytes it sent from
+/// them: the caller may overwrite its window at once and the peers still get what was
+/// there. Freed windows leave the communicator working, and a new window is registered.
+#[test]
+fn a_window_overwritten_right_after_the_call_does_not_change_what_peers_got() {
+    const LEN: usize = 8 << 20;
+    let out = ranks_over(
+        3,
+        Duration::from_secs(60),
+        host_of_its_own,
+        Some("rdma"),
+        |c| {
+            let r = c.rank();
+            let pattern = |round: usize, i: usize| (i * 31 + round * 7 + 1) as u8;
+            let mut straight = 0;
+            for life in 0..2 {
+                let mut ws = c.alloc_window(LEN).unwrap();
+                let mut wr = c.alloc_window(3 * LEN).unwrap();
+                for round in 0..3 {
+                    let round = life * 3 + round;
+                    for (i, b) in ws.iter_mut().enumerate() {
+                        *b = pattern(round + r, i);
+                    }
+                    let before = c.zero_copy_bytes();
+                    c.broadcast(&ws, &mut wr[..LEN], LEN, DataType::U8, round % 3)
+                        .unwrap();
+                    // Overwrite at once: a send still reading the window would carry this.
+                    ws.fill(0xEE);
+                    for (i, &b) in wr[..LEN].iter().enumerate() {
+                        assert_eq!(b, pattern(round + round % 3, i), "rank {r} byte {i}");
+                    }
+                    for (i, b) in ws.iter_mut().enumerate() {
+                        *b = pattern(round + r, i);
+                    }
+                    c.all_gather(&ws, &mut wr, LEN, DataType::U8).unwrap();
+                    ws.fill(0xEE);
+                    for (j, part) in wr.chunks_exact(LEN).enumerate() {
+                        for (i, &b) in part.iter().enumerate() {
+                            assert_eq!(b, pattern(round + j, i), "rank {r} from {j} byte {i}");
+                        }
+                    }
+                    straight += c.zero_copy_bytes() - before;
+                }
+            }
+            // The communicator outlives its windows.
+            let mut v = vec![1u8; 4096];
+            c.all_reduce_in_place(&mut v, 4096, DataType::U8, RedOp::Sum)
+                .unwrap();
+            assert!(v.iter().all(|&b| b == 3));
+            straight
+        },
+    );
+    assert!(out.iter().all(|&s| s > 0), "bytes sent straight: {out:?}");
 }

@@ -268,7 +268,8 @@ pub(crate) fn run(a: &BenchArgs) -> anyhow::Result<()> {
                 if w_in.is_shared() {
                     "shared by every rank: collectives run directly"
                 } else {
-                    "not shared: ranks on several hosts, ordinary path"
+                    "not shared: ranks on several hosts, ordinary path; on RDMA links \
+                     registered with the NIC, which sends from them without a staging copy"
                 }
             );
         }
@@ -415,6 +416,12 @@ pub(crate) fn run(a: &BenchArgs) -> anyhow::Result<()> {
             if wrong == 0 { "OK" } else { "FAILED" }
         );
         println!("# Avg bus bandwidth    : {avg:.3}");
+        if a.register != 0 {
+            println!(
+                "# Sent from windows without a staging copy: {} bytes (this rank)",
+                comm.zero_copy_bytes()
+            );
+        }
     }
     let bad = rows.iter().any(|x| x.wrong.iter().any(|&w| w > 0));
     if bad {

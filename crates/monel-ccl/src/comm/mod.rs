@@ -389,6 +389,17 @@ impl Communicator {
         self.tiny_done
     }
 
+    /// Bytes this rank's links sent straight from windows registered with the NIC, without
+    /// a staging copy (RDMA links; see [`Self::alloc_window`]): a count for tests and
+    /// benchmarks.
+    pub fn zero_copy_bytes(&self) -> u64 {
+        self.links
+            .all()
+            .flatten()
+            .map(|l| l.zero_copy_bytes())
+            .sum()
+    }
+
     /// The ranks that share this rank's machine (itself included) and the cores they can run
     /// on together: the union of their affinity masks, within a CPU quota. More ranks than
     /// cores makes waiting ranks hand their core over on every idle look instead of
@@ -688,6 +699,7 @@ impl Communicator {
             }),
             liveness: (!self.cfg.liveness.is_zero())
                 .then(|| Liveness::new(&self.status_addrs, self.cfg.liveness, &probe, sig.seq)),
+            stable_sends: self.windows.on_nic(),
         };
         exec::run(&mut ctx, sched, bufs, &mut self.pool)
     }

@@ -109,7 +109,7 @@ impl Communicator {
         } else {
             None
         };
-        let region = match shared {
+        let mut region = match shared {
             Some(r) => r,
             None => Region::new(
                 id,
@@ -119,12 +119,27 @@ impl Communicator {
                 Vec::new(),
             ),
         };
+        // Every RDMA link of a communicator shares one NIC: one registration serves them all.
+        let mut on_nic = false;
+        for link in self.links.all().flatten() {
+            if region
+                .register_with(link)
+                .map_err(|e| CclError::io("registering the window with the NIC", e))?
+            {
+                on_nic = true;
+                break;
+            }
+        }
+        self.windows.note_registered(on_nic);
         tracing::info!(
             target: "monel::coll",
             "rank {}: window {id} of {len} bytes {}",
             self.rank,
             if region.shared() {
                 "shared by every rank (collectives on it run directly)"
+            } else if on_nic {
+                "private (not every rank shares this host's memory), registered with the \
+                 NIC: sends from it go to the NIC without a staging copy"
             } else {
                 "private (not every rank shares this host's memory)"
             }

@@ -45,6 +45,38 @@ pub(crate) trait Link: Send {
         }
         Ok(n + self.write_some(b)?)
     }
+    /// As [`Self::write_two`], with `b` left unchanged by the caller until [`Self::settle`]
+    /// returns: where `b` lies in memory registered with the transport
+    /// ([`Self::register`]), it is sent from there instead of through a staging copy.
+    fn write_two_stable(&mut self, a: &[u8], b: &[u8]) -> io::Result<usize> {
+        self.write_two(a, b)
+    }
+    /// Waits until no write reads the caller's memory any more (see
+    /// [`Self::write_two_stable`]), or `deadline`.
+    fn settle(&mut self, deadline: Instant) -> io::Result<()> {
+        let _ = deadline;
+        Ok(())
+    }
+    /// Bytes sent straight from registered memory, without a staging copy.
+    fn zero_copy_bytes(&self) -> u64 {
+        0
+    }
+    /// Registers `[ptr, ptr + len)` with the transport's NIC, so stable writes from it skip
+    /// the staging copy; the registration lasts as long as the returned handle, which holds
+    /// for every link of the communicator on the same NIC. `None`: the transport has no
+    /// such registration.
+    ///
+    /// # Safety
+    /// The memory must stay valid until the returned handle is dropped.
+    #[allow(unsafe_code)]
+    unsafe fn register(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Option<io::Result<Box<dyn std::any::Any + Send + Sync>>> {
+        let _ = (ptr, len);
+        None
+    }
     /// Reads what is there without blocking; `Err(UnexpectedEof)` once the peer closed.
     fn read_some(&mut self, buf: &mut [u8]) -> io::Result<usize>;
     /// Looks at what is there without consuming it (`Err(UnexpectedEof)` once closed).

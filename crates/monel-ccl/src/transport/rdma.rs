@@ -9,12 +9,17 @@
 //! word, once a quarter of the window is consumed, so a sender never overruns the ring or the
 //! receive queue. The pair's TCP connection stays open as the liveness signal: a dead peer
 //! closes it, and sleeping ranks wait on it and the completion channel together (epoll).
+//!
+//! Memory registered with the NIC ([`Nic::register`]: symmetric windows) skips the staging
+//! copy: a write the caller promises to leave unchanged until [`Link::settle`] gathers
+//! the frame header from staging and the payload straight from where it lies (two SGEs), as
+//! NCCL does with registered user buffers.
 
 use std::cell::RefCell;
 use std::io::{self, Read};
 use std::net::{IpAddr, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, RawFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use monel_verbs::{
@@ -96,6 +101,23 @@ pub(crate) struct Nic {
     mtu: Mtu,
     /// Why this GID.
     why: String,
+    /// Caller memory registered with this NIC, held by its owners (windows).
+    registered: Mutex<Vec<Weak<Registered>>>,
+}
+
+/// Caller memory registered with a NIC: sends from it go to the NIC without a staging copy.
+/// Its owner holds it and drops it before freeing the memory (deregistration waits for the
+/// device, so no packet reads the memory afterwards).
+pub(crate) struct Registered {
+    mr: MemoryRegion,
+}
+
+impl Registered {
+    /// The region and `b`'s offset in it, when `b` lies inside.
+    fn offset_of(&self, b: &[u8]) -> Option<usize> {
+        let (base, p) = (self.mr.addr() as usize, b.as_ptr() as usize);
+        (p >= base && p + b.len() <= base + self.mr.len()).then(|| p - base)
+    }
 }
 
 impl Nic {
@@ -168,7 +190,39 @@ impl Nic {
             } else {
                 why
             },
+            registered: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Registers `[ptr, ptr + len)` for local reads, so writes from it go straight to the NIC.
+    ///
+    /// # Safety
+    /// The memory must stay valid until the returned registration is dropped.
+    #[allow(unsafe_code)]
+    pub(crate) unsafe fn register(&self, ptr: *mut u8, len: usize) -> io::Result<Arc<Registered>> {
+        // SAFETY: the caller keeps the memory valid while the registration lives, and the
+        // NIC only reads it for writes whose callers leave it unchanged until they settle.
+        let mr = unsafe { self.pd.reg_mr_raw(ptr, len, AccessFlags::NONE) }
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        let r = Arc::new(Registered { mr });
+        let mut all = self
+            .registered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(&r));
+        Ok(r)
+    }
+
+    /// The live registration `b` lies in, if any.
+    fn registered(&self, b: &[u8]) -> Option<(Arc<Registered>, usize)> {
+        let all = self
+            .registered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        all.iter()
+            .filter_map(Weak::upgrade)
+            .find_map(|r| r.offset_of(b).map(|off| (r, off)))
     }
 
     /// True on a kernel RDMA device (hardware, or rxe).
@@ -231,7 +285,8 @@ impl Endpoint {
             cap: QpCap {
                 max_send_wr: SQ_DEPTH,
                 max_recv_wr: RQ_DEPTH,
-                max_send_sge: 1,
+                // A frame header from staging and its payload from registered memory.
+                max_send_sge: 2,
                 max_recv_sge: 1,
                 max_inline_data: 0,
             },
@@ -485,6 +540,10 @@ struct State {
     msgs_in: u64,
     credited_msgs: u64,
     wcs: Vec<WorkCompletion>,
+    /// The stream offset up to which posted writes read the caller's memory.
+    held_to: u64,
+    /// Bytes sent straight from registered memory.
+    zero_copy: u64,
     /// The first failed work completion.
     failed: Option<String>,
     /// The peer closed the TCP connection.
@@ -592,7 +651,9 @@ impl State {
         free.min(to_end).min(MAX_MSG as u64) as usize
     }
 
-    fn write_two(&mut self, a: &[u8], b: &[u8]) -> io::Result<usize> {
+    /// Writes what fits of `a` then `b`; `stable`: `b` stays unchanged until [`Link::settle`]
+    /// returns, so when it lies in registered memory the NIC reads it there.
+    fn write_two(&mut self, a: &[u8], b: &[u8], stable: bool) -> io::Result<usize> {
         self.drain();
         self.check()?;
         let n = self.room().min(a.len() + b.len());
@@ -601,11 +662,35 @@ impl State {
         }
         let off = (self.head % self.tx_cap) as usize;
         let na = n.min(a.len());
-        self.tx.with(|buf| {
-            copy(&mut buf[off..off + na], &a[..na]);
-            copy(&mut buf[off + na..off + n], &b[..n - na]);
-        });
+        let nb = n - na;
+        let straight = if stable && nb > 0 {
+            self.nic.registered(&b[..nb])
+        } else {
+            None
+        };
+        let sg_list = match &straight {
+            Some((r, b_off)) => {
+                self.tx.with(|buf| copy(&mut buf[off..off + na], &a[..na]));
+                let mut sg = Vec::with_capacity(2);
+                if na > 0 {
+                    sg.push(self.tx.sge(off, na));
+                }
+                sg.push(r.mr.sge(*b_off, nb));
+                sg
+            }
+            None => {
+                self.tx.with(|buf| {
+                    copy(&mut buf[off..off + na], &a[..na]);
+                    copy(&mut buf[off + na..off + n], &b[..nb]);
+                });
+                vec![self.tx.sge(off, n)]
+            }
+        };
         self.head += n as u64;
+        if straight.is_some() {
+            self.held_to = self.head;
+            self.zero_copy += nb as u64;
+        }
         self.qp
             .post_send(SendWr {
                 wr_id: self.head,
@@ -616,7 +701,7 @@ impl State {
                     },
                     n as u32,
                 ),
-                sg_list: vec![self.tx.sge(off, n)],
+                sg_list,
                 flags: SendFlags {
                     signaled: true,
                     ..SendFlags::default()
@@ -626,6 +711,12 @@ impl State {
         self.msgs_sent += 1;
         self.sq_posted += 1;
         Ok(n)
+    }
+
+    /// True once every write that read the caller's memory has completed (the peer
+    /// acknowledged it, so the NIC reads it no more).
+    fn settled(&self) -> bool {
+        self.send_done >= self.held_to
     }
 
     /// Copies up to `out.len()` arrived bytes (across the ring's wrap), consuming them when
@@ -783,6 +874,8 @@ impl RdmaLink {
                 msgs_in: 0,
                 credited_msgs: 0,
                 wcs: Vec::with_capacity(64),
+                held_to: 0,
+                zero_copy: 0,
                 failed: None,
                 eof: false,
                 nic,
@@ -809,6 +902,34 @@ impl RdmaLink {
         if closed {
             st.drain();
             st.eof = true;
+        }
+    }
+
+    /// Waits until no posted write reads the caller's memory any more (see
+    /// [`State::write_two`]), or `deadline`.
+    fn settle_writes(&self, deadline: Instant) -> io::Result<()> {
+        let mut st = self.st.borrow_mut();
+        let mut round = 0u32;
+        loop {
+            st.drain();
+            st.check()?;
+            if st.settled() {
+                return Ok(());
+            }
+            self.watch_tcp(&mut st);
+            if st.eof {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "writes from registered memory were not acknowledged in time",
+                ));
+            }
+            round = round.wrapping_add(1);
+            if round % 64 == 0 {
+                std::thread::yield_now();
+            }
         }
     }
 
@@ -851,10 +972,30 @@ impl Link for RdmaLink {
         if data.is_empty() {
             return Ok(0);
         }
-        self.st.get_mut().write_two(data, &[])
+        self.st.get_mut().write_two(data, &[], false)
     }
     fn write_two(&mut self, a: &[u8], b: &[u8]) -> io::Result<usize> {
-        self.st.get_mut().write_two(a, b)
+        self.st.get_mut().write_two(a, b, false)
+    }
+    fn write_two_stable(&mut self, a: &[u8], b: &[u8]) -> io::Result<usize> {
+        self.st.get_mut().write_two(a, b, true)
+    }
+    fn settle(&mut self, deadline: Instant) -> io::Result<()> {
+        self.settle_writes(deadline)
+    }
+    fn zero_copy_bytes(&self) -> u64 {
+        self.st.borrow().zero_copy
+    }
+    #[allow(unsafe_code)]
+    unsafe fn register(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Option<io::Result<Box<dyn std::any::Any + Send + Sync>>> {
+        let nic = self.st.borrow().nic.clone();
+        // SAFETY: this function's contract is `Nic::register`'s.
+        let r = unsafe { nic.register(ptr, len) };
+        Some(r.map(|r| Box::new(r) as Box<dyn std::any::Any + Send + Sync>))
     }
     fn read_some(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.st.get_mut().read(buf, true)
@@ -905,7 +1046,8 @@ impl Link for RdmaLink {
             "{} packets sent, {} received, {} retransmitted, {} timeouts, {} sequence NAKs \
              received ({} sent), {} RNR NAKs received, {} duplicates, {} out of sequence; \
              device: {} datagrams in {} receive calls ({} coalesced), {} sent in {} calls \
-             ({} segmented), {} bytes zero-copy",
+             ({} segmented), {} bytes zero-copy; {} bytes sent straight from registered \
+             windows (no staging copy)",
             s.tx_packets,
             s.rx_packets,
             s.retransmitted_packets,
@@ -921,7 +1063,8 @@ impl Link for RdmaLink {
             d.tx_packets,
             d.tx_batches,
             d.tx_segmented,
-            d.tx_zero_copy_bytes
+            d.tx_zero_copy_bytes,
+            self.st.borrow().zero_copy
         ))
     }
 }
