@@ -4,7 +4,9 @@
 //! registrations (key, address, length) as an RNIC would, and answers with a status.
 //! Each connection has a reader thread (it applies messages, serves puts and gets, ends
 //! slices) and a writer thread (it drains a queue, so nothing blocks on the socket while
-//! holding the agent's state). A slice's bytes go from the initiator's segment straight to
+//! holding the agent's state); a small frame goes out from the thread that sends it while
+//! the writer is idle, as far as the socket takes it at once (a thread hand-off less per
+//! message, which is most of a small batch's round trip). A slice's bytes go from the initiator's segment straight to
 //! the socket and from the socket straight into the target's segment (the kernel's two
 //! copies, as with any TCP transfer), outside the agent's lock; a registration in use so is
 //! held ([`Hold`]) until its bytes have moved, and a deregistration waits for that.
@@ -39,6 +41,10 @@ pub(super) const LANES: usize = 2;
 const MAX_PENDING: usize = 256 << 20;
 /// Small frames a writer gathers before it writes them out.
 const BUF: usize = 256 << 10;
+/// Frames up to this size go out from the thread that sends them when the writer is idle
+/// (one thread hand-off less per message; larger ones are the writer's, so that no thread
+/// copies much while it holds the agent's state).
+const INLINE_MAX: usize = 128 << 10;
 /// A reader's buffer for frame headers and small frames; a slice's bytes beyond what it
 /// already holds go from the socket straight into the segment.
 const READ_BUF: usize = 16 << 10;
@@ -133,6 +139,8 @@ impl Drop for Hold {
 /// by `len` bytes at `off` of a registration, sent from where they lie.
 pub(super) enum Out {
     Frame(Frame),
+    /// The rest of a frame the sending thread began.
+    Raw(Vec<u8>),
     From {
         head: Vec<u8>,
         hold: Hold,
@@ -145,6 +153,7 @@ impl Out {
     fn wire_len(&self) -> usize {
         match self {
             Self::Frame(f) => f.wire_len(),
+            Self::Raw(b) => b.len(),
             Self::From { head, len, .. } => head.len() + len,
         }
     }
@@ -173,9 +182,21 @@ pub(super) struct TcpLink {
 }
 
 impl TcpLink {
-    /// Queues `f` for the writer.
+    /// Sends `f`: at once from this thread when it is small and the writer idle, as much as
+    /// the socket takes without blocking; what is left goes to the writer's queue. (Every
+    /// sender holds the agent's state, so no other thread sends here meanwhile.)
     pub(super) fn send(&self, f: impl Into<Out>) -> Result<()> {
-        let f = f.into();
+        let mut f = f.into();
+        // Nothing queued and nothing gathered: the writer sits idle, and order is kept.
+        if f.wire_len() <= INLINE_MAX
+            && self.pending.load(Ordering::Acquire) == 0
+            && !self.dirty.load(Ordering::Acquire)
+        {
+            match send_now(self.stream.as_raw_fd(), f) {
+                Some(rest) => f = rest,
+                None => return Ok(()),
+            }
+        }
         let n = f.wire_len();
         if self.pending.fetch_add(n, Ordering::AcqRel) + n > MAX_PENDING {
             self.pending.fetch_sub(n, Ordering::AcqRel);
@@ -478,13 +499,11 @@ fn write_loop(
         let sent = match o {
             Out::Frame(f) => {
                 f.write_to(&mut buf).expect("a Vec takes every byte");
-                if buf.len() >= BUF {
-                    let sent = send_all(fd, &buf, None);
-                    buf.clear();
-                    sent
-                } else {
-                    Ok(())
-                }
+                send_full(fd, &mut buf)
+            }
+            Out::Raw(b) => {
+                buf.extend_from_slice(&b);
+                send_full(fd, &mut buf)
             }
             Out::From {
                 head,
@@ -506,54 +525,123 @@ fn write_loop(
     }
 }
 
+/// Writes the frames gathered in `buf` once they fill it.
+fn send_full(fd: RawFd, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    if buf.len() < BUF {
+        return Ok(());
+    }
+    let sent = send_all(fd, buf, None);
+    buf.clear();
+    sent
+}
+
+/// Writes what the socket `fd` takes of `o` without blocking; `None` when all of it went,
+/// else what is left (all of it after an error, which the writer then meets).
+fn send_now(fd: RawFd, o: Out) -> Option<Out> {
+    let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
+    match o {
+        Out::Frame(f) => {
+            let mut b = Vec::with_capacity(f.wire_len());
+            f.write_to(&mut b).expect("a Vec takes every byte");
+            send_now(fd, Out::Raw(b))
+        }
+        Out::Raw(b) => match send_once(fd, &b, None, 0, flags) {
+            Ok(n) if n == b.len() => None,
+            Ok(n) => Some(Out::Raw(b[n..].to_vec())),
+            Err(_) => Some(Out::Raw(b)),
+        },
+        Out::From {
+            head,
+            hold,
+            off,
+            len,
+        } => match send_once(fd, &head, Some((hold.at(off), len)), 0, flags) {
+            Ok(n) if n == head.len() + len => None,
+            Ok(n) if n < head.len() => Some(Out::From {
+                head: head[n..].to_vec(),
+                hold,
+                off,
+                len,
+            }),
+            Ok(n) => {
+                let k = n - head.len();
+                Some(Out::From {
+                    head: Vec::new(),
+                    hold,
+                    off: off + k,
+                    len: len - k,
+                })
+            }
+            Err(_) => Some(Out::From {
+                head,
+                hold,
+                off,
+                len,
+            }),
+        },
+    }
+}
+
 /// Writes `a`, then the `len` bytes at address `from` when given, to the connection `fd`.
 fn send_all(fd: RawFd, a: &[u8], from: Option<(u64, usize)>) -> std::io::Result<()> {
-    let (base, len) = from.unwrap_or((0, 0));
+    let total = a.len() + from.map_or(0, |f| f.1);
     let mut done = 0usize;
-    let total = a.len() + len;
     while done < total {
-        let mut iov = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; 2];
-        let mut k = 0;
-        if done < a.len() {
-            iov[0] = libc::iovec {
-                iov_base: a[done..].as_ptr() as *mut libc::c_void,
-                iov_len: a.len() - done,
-            };
-            k = 1;
+        match send_once(fd, a, from, done, libc::MSG_NOSIGNAL) {
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
-        if len > 0 {
-            let skip = done.saturating_sub(a.len());
-            iov[k] = libc::iovec {
-                iov_base: (base as usize + skip) as *mut libc::c_void,
-                iov_len: len - skip,
-            };
-            k += 1;
-        }
-        // SAFETY: a zeroed msghdr is valid (no name, no control data); it points at `iov`,
-        // alive for the call.
-        #[allow(unsafe_code)]
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = iov.as_mut_ptr();
-        msg.msg_iovlen = k;
-        // SAFETY: the kernel reads the iovecs' ranges alone (no Rust reference to the
-        // registration's bytes is made): `a` is borrowed for the call, and [from, from +
-        // len) lies inside a registration the caller holds ([`Hold`]), which its
-        // deregistration waits for.
-        #[allow(unsafe_code)]
-        let n = unsafe { libc::sendmsg(fd, &raw const msg, libc::MSG_NOSIGNAL) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        done += n as usize;
     }
     Ok(())
+}
+
+/// One `sendmsg` on `fd` with `flags` of `a` then the `len` bytes at address `from`, from
+/// byte `done` of the two on; returns how many bytes it took.
+fn send_once(
+    fd: RawFd,
+    a: &[u8],
+    from: Option<(u64, usize)>,
+    done: usize,
+    flags: libc::c_int,
+) -> std::io::Result<usize> {
+    let (base, len) = from.unwrap_or((0, 0));
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; 2];
+    let mut k = 0;
+    if done < a.len() {
+        iov[0] = libc::iovec {
+            iov_base: a[done..].as_ptr() as *mut libc::c_void,
+            iov_len: a.len() - done,
+        };
+        k = 1;
+    }
+    if len > 0 {
+        let skip = done.saturating_sub(a.len());
+        iov[k] = libc::iovec {
+            iov_base: (base as usize + skip) as *mut libc::c_void,
+            iov_len: len - skip,
+        };
+        k += 1;
+    }
+    // SAFETY: a zeroed msghdr is valid (no name, no control data); it points at `iov`,
+    // alive for the call.
+    #[allow(unsafe_code)]
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = k;
+    // SAFETY: the kernel reads the iovecs' ranges alone (no Rust reference to the
+    // registration's bytes is made): `a` is borrowed for the call, and [from, from + len)
+    // lies inside a registration the caller holds ([`Hold`]), which its deregistration
+    // waits for.
+    #[allow(unsafe_code)]
+    let n = unsafe { libc::sendmsg(fd, &raw const msg, flags) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n as usize)
 }
 
 /// Takes the next `n` bytes of the connection (what `r` holds first, then the socket's)
