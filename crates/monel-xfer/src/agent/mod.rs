@@ -681,7 +681,10 @@ impl Agent {
         if let Link::Tcp(t) = &st.peers[i].link {
             plan.slice = match &t.cma {
                 Some(_) => plan.slice.max(cma::SLICE),
-                None => plan.slice.min(crate::stream::MAX_DATA as u64),
+                None => plan
+                    .slice
+                    .max(tcp::SLICE)
+                    .min(crate::stream::MAX_DATA as u64),
             };
             plan.lanes = t.cma.as_ref().map_or(t.lanes.len(), cma::Cma::lanes);
         }

@@ -31,6 +31,11 @@ use crate::error::{Result, XferError};
 use crate::stream::{self, ACCESS_ERROR, Frame, HEADER, Head, OK};
 use crate::wire::Msg;
 
+/// Bytes a TCP slice carries at least (when its descriptors hold that many): fewer heads,
+/// acks and reader wake-ups per byte than the plan's 1 MiB for RDMA work requests
+/// (4 MiB blocks between two namespaces: 2.7 to 3.1-3.2 GB/s; 1 MiB and 64 KiB blocks on
+/// loopback, contiguous, in batches: 13-27% more).
+pub(super) const SLICE: u64 = 4 << 20;
 /// Slices in flight on one TCP connection.
 pub(super) const DEPTH: u32 = 16;
 /// Connections an agent opens to a TCP peer: the first carries the agents' messages, and
