@@ -30,8 +30,8 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::error::{CclError, ErrorKind, Result};
-use crate::transport::Link;
 use crate::transport::segment::Segment;
+use crate::transport::{Link, Registration};
 use monel_sched::dtype::{DataType, RedOp};
 use monel_sched::plan::Collective;
 use monel_sched::reduce;
@@ -49,7 +49,7 @@ const PASS: usize = 64 << 10;
 /// One rank's window and its views of the other ranks' windows of the same id.
 pub(crate) struct Region {
     /// The window's registrations with this rank's NIC (dropped first, before the memory).
-    registrations: Vec<Box<dyn std::any::Any + Send + Sync>>,
+    registrations: Vec<Registration>,
     pub(crate) id: usize,
     len: usize,
     own: Segment,

@@ -30,6 +30,9 @@ pub(crate) mod tcp;
 pub use rdma::RdmaConfig;
 pub use shm::ShmConfig;
 
+/// Memory registered with a transport's NIC ([`Link::register`]), until dropped.
+pub(crate) type Registration = Box<dyn std::any::Any + Send + Sync>;
+
 /// One peer's connection.
 pub(crate) trait Link: Send {
     /// The transport it runs on.
@@ -69,11 +72,7 @@ pub(crate) trait Link: Send {
     /// # Safety
     /// The memory must stay valid until the returned handle is dropped.
     #[allow(unsafe_code)]
-    unsafe fn register(
-        &self,
-        ptr: *mut u8,
-        len: usize,
-    ) -> Option<io::Result<Box<dyn std::any::Any + Send + Sync>>> {
+    unsafe fn register(&self, ptr: *mut u8, len: usize) -> Option<io::Result<Registration>> {
         let _ = (ptr, len);
         None
     }

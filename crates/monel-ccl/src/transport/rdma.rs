@@ -31,7 +31,7 @@ use nix::poll::PollFlags;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 
 use super::handshake::{Channel, bound_reads, first_text};
-use super::{Link, Setup};
+use super::{Link, Registration, Setup};
 use monel_copy::copy;
 use monel_sched::tune::TransportKind;
 use monel_verbs::Provider;
@@ -987,15 +987,11 @@ impl Link for RdmaLink {
         self.st.borrow().zero_copy
     }
     #[allow(unsafe_code)]
-    unsafe fn register(
-        &self,
-        ptr: *mut u8,
-        len: usize,
-    ) -> Option<io::Result<Box<dyn std::any::Any + Send + Sync>>> {
+    unsafe fn register(&self, ptr: *mut u8, len: usize) -> Option<io::Result<Registration>> {
         let nic = self.st.borrow().nic.clone();
         // SAFETY: this function's contract is `Nic::register`'s.
         let r = unsafe { nic.register(ptr, len) };
-        Some(r.map(|r| Box::new(r) as Box<dyn std::any::Any + Send + Sync>))
+        Some(r.map(|r| Box::new(r) as Registration))
     }
     fn read_some(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.st.get_mut().read(buf, true)
