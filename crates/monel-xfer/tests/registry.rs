@@ -27,16 +27,36 @@ impl Drop for Etcd {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// Two free ports below the kernel's ephemeral range: a port the kernel hands out (bind to
+/// 0) can be taken as the source port of a connection made before etcd binds it.
+fn free_ports() -> (u16, u16) {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768)
+        .max(10_002);
+    let span = u32::from(low - 10_000);
+    let seed = std::process::id()
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+    let mut held = Vec::new();
+    for k in 0..span {
+        let port = 10_000 + ((seed.wrapping_add(k.wrapping_mul(7919))) % span) as u16;
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            held.push(l);
+            if held.len() == 2 {
+                break;
+            }
+        }
+    }
+    assert_eq!(held.len(), 2, "no two free ports between 10000 and {low}");
+    let port = |i: usize| held[i].local_addr().unwrap().port();
+    (port(0), port(1))
 }
 
 fn etcd() -> Etcd {
-    let (client, peer) = (free_port(), free_port());
+    let (client, peer) = free_ports();
     let dir = std::env::temp_dir().join(format!("monel-etcd-{}-{client}", std::process::id()));
     let endpoint = format!("http://127.0.0.1:{client}");
     let child = Command::new("etcd")
