@@ -732,9 +732,7 @@ pub(crate) fn run(
         for op in &step.ops {
             let (peer, dst, acc) = match *op {
                 Op::Send { peer, src } => {
-                    let stable = ctx.stable_sends
-                        && src.buf != Buf::Scratch
-                        && unwritten_after(writes, now_at, span_range(bufs.bytes(src)?));
+                    let stable = ctx.stable_sends && stays(writes, now_at, src, bufs)?;
                     if stable {
                         if let Some(s) = settle.get_mut(peer) {
                             *s = true;
@@ -943,12 +941,17 @@ fn span_range(b: &[u8]) -> std::ops::Range<usize> {
 /// A write of a schedule: its step, whether a receive makes it, the addresses it writes.
 type Write = (usize, bool, std::ops::Range<usize>);
 
-/// True when none of `writes` touches `at` once step `now_at`'s local operations have run
-/// (its sends go after them): no later step writes it, nor a receive of this step.
-fn unwritten_after(writes: &[Write], now_at: usize, at: std::ops::Range<usize>) -> bool {
-    !writes.iter().any(|(k, by_recv, w)| {
+/// True when a send of `src` at step `now_at` may leave its bytes in place: they are not
+/// scratch, and none of `writes` touches them once the step's local operations have run (its
+/// sends go after them): no later step writes them, nor a receive of this step.
+fn stays(writes: &[Write], now_at: usize, src: Span, bufs: &Buffers<'_>) -> Result<bool> {
+    if src.buf == Buf::Scratch {
+        return Ok(false);
+    }
+    let at = span_range(bufs.bytes(src)?);
+    Ok(!writes.iter().any(|(k, by_recv, w)| {
         (*k > now_at || (*k == now_at && *by_recv)) && w.start < at.end && at.start < w.end
-    })
+    }))
 }
 
 /// Collects every write of `sched` outside scratch: its step, whether a receive makes it,
@@ -1161,8 +1164,7 @@ mod tests {
         for (k, step) in sched.steps.iter().enumerate() {
             for op in &step.ops {
                 if let Op::Send { src, .. } = *op {
-                    let at = span_range(bufs.bytes(src).unwrap());
-                    out.push(src.buf != Buf::Scratch && unwritten_after(&w, k, at));
+                    out.push(stays(&w, k, src, bufs).unwrap());
                 }
             }
         }

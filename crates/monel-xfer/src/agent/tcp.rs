@@ -4,12 +4,12 @@
 //! registrations (key, address, length) as an RNIC would, and answers with a status.
 //! Each connection has a reader thread (it applies messages, serves puts and gets, ends
 //! slices) and a writer thread (it drains a queue, so nothing blocks on the socket while
-//! holding the agent's state); a small frame goes out from the thread that sends it while
-//! the writer is idle, as far as the socket takes it at once (a thread hand-off less per
-//! message, which is most of a small batch's round trip). A slice's bytes go from the initiator's segment straight to
-//! the socket and from the socket straight into the target's segment (the kernel's two
-//! copies, as with any TCP transfer), outside the agent's lock; a registration in use so is
-//! held ([`Hold`]) until its bytes have moved, and a deregistration waits for that.
+//! holding the agent's state); a small frame goes out from the thread that sends it while the
+//! writer is idle, as far as the socket takes it at once (a thread hand-off less per message,
+//! which is most of a small batch's round trip). A slice's bytes go from the initiator's
+//! segment straight to the socket and from the socket straight into the target's segment (the
+//! kernel's two copies, as with any TCP transfer), outside the agent's lock; a registration in
+//! use so is held ([`Hold`]) until its bytes have moved, and a deregistration waits for that.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -550,40 +550,28 @@ fn send_now(fd: RawFd, o: Out) -> Option<Out> {
             f.write_to(&mut b).expect("a Vec takes every byte");
             send_now(fd, Out::Raw(b))
         }
-        Out::Raw(b) => match send_once(fd, &b, None, 0, flags) {
-            Ok(n) if n == b.len() => None,
-            Ok(n) => Some(Out::Raw(b[n..].to_vec())),
-            Err(_) => Some(Out::Raw(b)),
-        },
+        Out::Raw(b) => {
+            let n = send_once(fd, &b, None, 0, flags).unwrap_or(0);
+            (n < b.len()).then(|| Out::Raw(b[n..].to_vec()))
+        }
         Out::From {
             head,
             hold,
             off,
             len,
-        } => match send_once(fd, &head, Some((hold.at(off), len)), 0, flags) {
-            Ok(n) if n == head.len() + len => None,
-            Ok(n) if n < head.len() => Some(Out::From {
-                head: head[n..].to_vec(),
-                hold,
-                off,
-                len,
-            }),
-            Ok(n) => {
-                let k = n - head.len();
-                Some(Out::From {
-                    head: Vec::new(),
-                    hold,
-                    off: off + k,
-                    len: len - k,
-                })
+        } => {
+            let n = send_once(fd, &head, Some((hold.at(off), len)), 0, flags).unwrap_or(0);
+            if n == head.len() + len {
+                return None;
             }
-            Err(_) => Some(Out::From {
-                head,
+            let k = n.saturating_sub(head.len());
+            Some(Out::From {
+                head: head[n.min(head.len())..].to_vec(),
                 hold,
-                off,
-                len,
-            }),
-        },
+                off: off + k,
+                len: len - k,
+            })
+        }
     }
 }
 
