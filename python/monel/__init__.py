@@ -60,6 +60,9 @@ _NUMPY_TYPES = {
     np.dtype(np.float64): "float64",
 }
 
+# ml_dtypes' types (JAX's and TensorFlow's bfloat16 and float8), by numpy dtype name.
+_ML_TYPES = {"bfloat16": "bfloat16", "float8_e4m3fn": "float8e4m3", "float8_e5m2": "float8e5m2"}
+
 _OPS = ("sum", "prod", "min", "max", "avg")
 
 # Communicators still open at exit are destroyed before the interpreter finalizes: their
@@ -185,7 +188,7 @@ def as_bytes(x: Any, what: str, writable: bool = False) -> tuple[np.ndarray, str
             raise InvalidArgumentError(f"{what}: torch type {x.dtype} is not supported")
         return _u8_view(x, what), dtype, x.numel()
     if isinstance(x, np.ndarray):
-        dtype = _NUMPY_TYPES.get(x.dtype)
+        dtype = _NUMPY_TYPES.get(x.dtype) or _ML_TYPES.get(x.dtype.name)
         if dtype is None:
             raise InvalidArgumentError(f"{what}: numpy type {x.dtype} is not supported")
         if writable and x.flags.c_contiguous and not x.flags.writeable:
