@@ -104,12 +104,14 @@ def _drain(works) -> None:
             pass
 
 
-def all_reduce_many(arrays: Sequence[np.ndarray], op: str = "sum") -> list[np.ndarray]:
-    """Reduces each array across ranks; returns new aligned arrays of the same shapes.
+def all_reduce_many(arrays: Sequence[np.ndarray], op: str = "sum",
+                    inplace: bool = False) -> list[np.ndarray]:
+    """Reduces each array across ranks; returns new aligned arrays of the same shapes, or
+    with `inplace` the (writable) arrays themselves, reduced.
 
     Arrays under `FUSE_BELOW` bytes are copied into one buffer per type, reduced in one
-    call, and returned as aligned views of it; larger ones are reduced straight from the
-    caller's memory into their result. All calls are in flight together."""
+    call, and returned as aligned views of it (copied back in place); larger ones are
+    reduced straight from the caller's memory. All calls are in flight together."""
     c = comm()
     arrays = [_contiguous(a) for a in arrays]
     layout = _Layout(c, arrays, "all_reduce")
@@ -118,8 +120,8 @@ def all_reduce_many(arrays: Sequence[np.ndarray], op: str = "sum") -> list[np.nd
     fused: dict = {}
     for i, a in enumerate(arrays):
         if a.nbytes >= FUSE_BELOW:
-            r = aligned_empty(a.shape, a.dtype)
-            works.append(c.all_reduce(a, r, op=op, async_op=True))
+            r = a if inplace else aligned_empty(a.shape, a.dtype)
+            works.append(c.all_reduce(a, None if inplace else r, op=op, async_op=True))
             out[i] = r
         else:
             fused.setdefault(a.dtype, []).append(i)
@@ -138,19 +140,26 @@ def all_reduce_many(arrays: Sequence[np.ndarray], op: str = "sum") -> list[np.nd
             a = arrays[i]
             out[i] = raw[off:off + a.nbytes].view(dt).reshape(a.shape)
     layout.verify(works)
+    if inplace:
+        for i, a in enumerate(arrays):
+            if out[i] is not a:
+                a[...] = out[i]
+                out[i] = a
     return out
 
 
-def broadcast_many(arrays: Sequence[np.ndarray], root: int = 0) -> list[np.ndarray]:
-    """The root's arrays on every rank (new aligned arrays; the ranks' shapes must agree)."""
+def broadcast_many(arrays: Sequence[np.ndarray], root: int = 0,
+                   inplace: bool = False) -> list[np.ndarray]:
+    """The root's arrays on every rank: new aligned arrays, or with `inplace` the (writable)
+    arrays themselves, overwritten. The ranks' shapes must agree."""
     c = comm()
     arrays = [_contiguous(a) for a in arrays]
     layout = _Layout(c, arrays, "broadcast")
     out = []
     works = []
     for a in arrays:
-        r = aligned_empty(a.shape, a.dtype)
-        if c.rank == root:
+        r = a if inplace else aligned_empty(a.shape, a.dtype)
+        if c.rank == root and not inplace:
             r[...] = a
         works.append(c.broadcast(r, root=root, async_op=True))
         out.append(r)
