@@ -27,5 +27,6 @@ fi
 "$venv/bin/python" -c "import torch, sklearn, pytest, maturin, jax" 2> /dev/null ||
   "$venv/bin/pip" install -q torch numpy scikit-learn pytest maturin "jax[cpu]"
 "$venv/bin/pip" install -q ./python
-# Run from the repository root, so `import monel` finds the installed package.
-"$venv/bin/python" -m pytest -q python/tests
+# Run from the repository root, so `import monel` finds the installed package (the framework
+# modules have their own tier, scripts/test-frameworks.sh).
+"$venv/bin/python" -m pytest -q python/tests --ignore=python/tests/frameworks

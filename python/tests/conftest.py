@@ -33,9 +33,16 @@ def free_port() -> int:
     raise RuntimeError(f"no free port between 10000 and {low}")
 
 
-def run_ranks(name: str, n: int, timeout: float = 60, env: dict | None = None, args=()):
-    """Runs `workers.NAME(rank, size, ...)` in n processes; returns [(returncode, stdout,
-    stderr)] per rank. The ranks find each other through torchrun-style variables."""
+def run_ranks(name: str, n: int, timeout: float = 60, env: dict | None = None, args=(),
+              script: Path = HERE / "workers.py"):
+    """Runs `NAME(...)` of the worker `script` (`workers.py` here) in n processes; returns
+    [(returncode, stdout, stderr)] per rank."""
+    return launch([str(script), name, *map(str, args)], n, timeout, env)
+
+
+def launch(argv, n: int, timeout: float = 60, env: dict | None = None):
+    """Runs `python ARGV...` as n ranks that find each other through torchrun-style
+    variables; returns [(returncode, stdout, stderr)] per rank."""
     port = free_port()
     procs = []
     for r in range(n):
@@ -46,9 +53,8 @@ def run_ranks(name: str, n: int, timeout: float = 60, env: dict | None = None, a
             "MONEL_TIMEOUT": e.get("MONEL_TIMEOUT", "30"),
         })
         e.update(env or {})
-        procs.append(subprocess.Popen(
-            [sys.executable, str(HERE / "workers.py"), name, *map(str, args)],
-            env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(subprocess.Popen([sys.executable, *map(str, argv)], env=e,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     out = []
     for p in procs:
         try:
@@ -56,7 +62,7 @@ def run_ranks(name: str, n: int, timeout: float = 60, env: dict | None = None, a
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            pytest.fail(f"{name}: ranks hung past {timeout} s")
+            pytest.fail(f"{argv[0]} {argv[1:2]}: ranks hung past {timeout} s")
         out.append((p.returncode, o, err))
     return out
 
@@ -67,5 +73,7 @@ def results(outs):
 
 
 def assert_ok(outs):
+    """Every rank exited 0 (else its output is shown); returns `outs`."""
     for r, (code, o, err) in enumerate(outs):
         assert code == 0, f"rank {r} exited {code}\n--- stdout\n{o}\n--- stderr\n{err}"
+    return outs
