@@ -9,9 +9,6 @@ the loss per epoch and the median time per step; --json FILE writes the loss per
 whether the ranks' parameters were bitwise equal after every step, and the accuracy.
 """
 
-import argparse
-import json
-import statistics
 import time
 
 import jax
@@ -39,17 +36,7 @@ def loss_fn(p, x, y):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--backend", default="monel", choices=["monel", "none"])
-    ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=64, help="global batch (divisible by ranks)")
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", help="write per-step losses and parameter agreement here")
-    ap.add_argument("--digits", help="the digits as an .npz (x, y) instead of scikit-learn's")
-    a = ap.parse_args()
-
+    a = digits.arguments("JAX").parse_args()
     distributed = a.backend == "monel"
     if distributed:
         import monel.jax as mj
@@ -58,8 +45,7 @@ def main() -> None:
         rank, world = mj.rank(), mj.size()
     else:
         rank, world = 0, 1
-    if a.batch % world:
-        raise SystemExit(f"--batch {a.batch} must divide by {world} ranks")
+    digits.check_batch(a.batch, world)
 
     x, y = digits.load(a.digits)
     batches, test = digits.steps(a.epochs, a.batch, a.seed)
@@ -77,36 +63,21 @@ def main() -> None:
         params = jax.tree.map(lambda p, m: p - a.lr * m, params, mom)
         return params, mom, loss
 
-    losses, same, times = [], [], []
-    per_epoch = len(batches) // a.epochs
-    for i, idx in enumerate(batches):
+    log = digits.Log(a, "jax", rank, world, len(batches))
+    for idx in batches:
         mine = idx[rank::world]
         xb, yb = jnp.asarray(x[mine]), jnp.asarray(y[mine])
         t0 = time.perf_counter()
         params, mom, loss = step(params, mom, xb, yb)
         loss.block_until_ready()
-        times.append(time.perf_counter() - t0)
+        seconds, same = time.perf_counter() - t0, None
         if distributed:
             loss = mj.all_reduce(loss, op="avg")  # the global batch's loss
             leaves = [np.asarray(p) for p in jax.tree.leaves(params)]
-            same.append(digits.all_same(mj.all_gather(jnp.asarray(digits.digest(leaves))),
-                                        world))
-        losses.append(float(loss))
-        if rank == 0 and (i + 1) % per_epoch == 0:
-            ep = losses[-per_epoch:]
-            print(f"[jax {a.backend} x{world}] epoch {(i + 1) // per_epoch}: "
-                  f"loss {statistics.mean(ep):.4f}", flush=True)
+            same = digits.all_same(mj.all_gather(jnp.asarray(digits.digest(leaves))), world)
+        log.step(float(loss), seconds, same)
 
-    acc = float(jnp.mean(jnp.argmax(logits(params, jnp.asarray(x[test])), 1) == y[test]))
-    med = statistics.median(times[1:]) * 1e3
-    if rank == 0:
-        print(f"[jax {a.backend} x{world}] test accuracy {acc:.3f}; median step {med:.3f} ms "
-              "(forward, backward with gradient all-reduce, update)", flush=True)
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump({"framework": "jax", "backend": a.backend, "world": world,
-                           "losses": losses, "same_params": same, "accuracy": acc,
-                           "median_step_ms": med}, f)
+    log.finish(float(jnp.mean(jnp.argmax(logits(params, jnp.asarray(x[test])), 1) == y[test])))
 
 
 if __name__ == "__main__":

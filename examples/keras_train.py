@@ -12,33 +12,22 @@ loss per step, whether the ranks' weights were bitwise equal after every step, a
 accuracy.
 """
 
-import argparse
-import json
 import os
-import statistics
 import sys
 import time
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import digits
+
+    ap = digits.arguments("Keras 3")
     ap.add_argument("--keras-backend", default="tensorflow", choices=["tensorflow", "jax"])
-    ap.add_argument("--backend", default="monel", choices=["monel", "none"])
-    ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=64, help="global batch (divisible by ranks)")
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", help="write per-step losses and weight agreement here")
-    ap.add_argument("--digits", help="the digits as an .npz (x, y) instead of scikit-learn's")
     a = ap.parse_args()
     os.environ["KERAS_BACKEND"] = a.keras_backend  # before Keras is imported
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
     import numpy as np
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import digits
 
     distributed = a.backend == "monel"
     if distributed:
@@ -48,8 +37,7 @@ def main() -> None:
         rank, world = mk.rank(), mk.size()
     else:
         rank, world = 0, 1
-    if a.batch % world:
-        raise SystemExit(f"--batch {a.batch} must divide by {world} ranks")
+    digits.check_batch(a.batch, world)
 
     x, y = digits.load(a.digits)
     batches, test = digits.steps(a.epochs, a.batch, a.seed)
@@ -83,20 +71,20 @@ def main() -> None:
     model.compile(optimizer=opt, metrics=[StepLoss()],
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
-    losses, same, times = [], [], []
+    log = digits.Log(a, f"keras/{a.keras_backend}", rank, world, len(batches))
 
     class Record(keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
             self.t0 = time.perf_counter()
 
         def on_train_batch_end(self, batch, logs=None):
-            times.append(time.perf_counter() - self.t0)
+            seconds, same = time.perf_counter() - self.t0, None
             loss = float(logs["step_loss"])
             if distributed:
                 loss = float(mk.all_reduce(np.float32(loss), op="avg"))
                 d = digits.digest([keras.ops.convert_to_numpy(v) for v in self.model.weights])
-                same.append(digits.all_same(keras.ops.convert_to_numpy(mk.all_gather(d)), world))
-            losses.append(loss)
+                same = digits.all_same(keras.ops.convert_to_numpy(mk.all_gather(d)), world)
+            log.step(loss, seconds, same)
 
     per_epoch = len(batches) // a.epochs
     for e in range(a.epochs):
@@ -104,21 +92,8 @@ def main() -> None:
                                batches[e * per_epoch:(e + 1) * per_epoch]])
         model.fit(x[mine], y[mine], batch_size=a.batch // world, epochs=1, shuffle=False,
                   verbose=0, callbacks=callbacks + [Record()])
-        if rank == 0:
-            print(f"[keras/{a.keras_backend} {a.backend} x{world}] epoch {e + 1}: "
-                  f"loss {statistics.mean(losses[-per_epoch:]):.4f}", flush=True)
 
-    acc = float(np.mean(np.argmax(model.predict(x[test], verbose=0), 1) == y[test]))
-    med = statistics.median(times[1:]) * 1e3
-    if rank == 0:
-        print(f"[keras/{a.keras_backend} {a.backend} x{world}] test accuracy {acc:.3f}; median "
-              f"step {med:.3f} ms (forward, backward with gradient all-reduce, update)",
-              flush=True)
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump({"framework": f"keras/{a.keras_backend}", "backend": a.backend,
-                           "world": world, "losses": losses, "same_params": same,
-                           "accuracy": acc, "median_step_ms": med}, f)
+    log.finish(float(np.mean(np.argmax(model.predict(x[test], verbose=0), 1) == y[test])))
 
 
 if __name__ == "__main__":

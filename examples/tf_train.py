@@ -9,10 +9,7 @@ the loss per epoch and the median time per step; --json FILE writes the loss per
 whether the ranks' parameters were bitwise equal after every step, and the accuracy.
 """
 
-import argparse
-import json
 import os
-import statistics
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -24,17 +21,7 @@ import digits  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--backend", default="monel", choices=["monel", "none"])
-    ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=64, help="global batch (divisible by ranks)")
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", help="write per-step losses and parameter agreement here")
-    ap.add_argument("--digits", help="the digits as an .npz (x, y) instead of scikit-learn's")
-    a = ap.parse_args()
-
+    a = digits.arguments("TensorFlow").parse_args()
     distributed = a.backend == "monel"
     if distributed:
         import monel.tensorflow as mtf
@@ -43,8 +30,7 @@ def main() -> None:
         rank, world = mtf.rank(), mtf.size()
     else:
         rank, world = 0, 1
-    if a.batch % world:
-        raise SystemExit(f"--batch {a.batch} must divide by {world} ranks")
+    digits.check_batch(a.batch, world)
     tf.config.threading.set_intra_op_parallelism_threads(1)
 
     x, y = digits.load(a.digits)
@@ -77,35 +63,22 @@ def main() -> None:
             p.assign_sub(a.lr * m)
         return loss
 
-    losses, same, times = [], [], []
-    per_epoch = len(batches) // a.epochs
-    for i, idx in enumerate(batches):
+    log = digits.Log(a, "tensorflow", rank, world, len(batches))
+    for idx in batches:
         mine = idx[rank::world]
         xb, yb = tf.constant(x[mine]), tf.constant(y[mine])
         t0 = time.perf_counter()
         loss = step(xb, yb)
         loss.numpy()
-        times.append(time.perf_counter() - t0)
+        seconds, same = time.perf_counter() - t0, None
         if distributed:
             loss = mtf.all_reduce(loss, op="avg")  # the global batch's loss
             d = digits.digest([p.numpy() for p in params])
-            same.append(digits.all_same(mtf.all_gather(tf.constant(d)).numpy(), world))
-        losses.append(float(loss))
-        if rank == 0 and (i + 1) % per_epoch == 0:
-            print(f"[tensorflow {a.backend} x{world}] epoch {(i + 1) // per_epoch}: "
-                  f"loss {statistics.mean(losses[-per_epoch:]):.4f}", flush=True)
+            same = digits.all_same(mtf.all_gather(tf.constant(d)).numpy(), world)
+        log.step(float(loss), seconds, same)
 
     pred = tf.argmax(logits(tf.constant(x[test])), 1).numpy()
-    acc = float(np.mean(pred == y[test]))
-    med = statistics.median(times[1:]) * 1e3
-    if rank == 0:
-        print(f"[tensorflow {a.backend} x{world}] test accuracy {acc:.3f}; median step "
-              f"{med:.3f} ms (forward, backward with gradient all-reduce, update)", flush=True)
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump({"framework": "tensorflow", "backend": a.backend, "world": world,
-                           "losses": losses, "same_params": same, "accuracy": acc,
-                           "median_step_ms": med}, f)
+    log.finish(float(np.mean(pred == y[test])))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ framework's time over Monel's.
 """
 
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -172,7 +171,8 @@ def mxnet():
 
     import monel.mxnet as mmx
 
-    kv = mx.kv.create("dist_sync")
+    store = [mx.kv.create("dist_sync")]  # emptied at the end: the workers leave ps-lite
+    kv = store[0]
     mmx.init()
     r = mmx.rank()
     g = {s: [mx.nd.array(a) for a in v] for s, v in grads(rank=r).items()}
@@ -186,7 +186,7 @@ def mxnet():
     def kv_sum(s):
         # On copies, as the in-place Monel path: the dist kvstore writes into its inputs.
         outs = [mx.nd.empty(a.shape) for a in g[s]]
-        kv.pushpull(keys[s], [a.copy() for a in g[s]], out=outs)
+        store[0].pushpull(keys[s], [a.copy() for a in g[s]], out=outs)
         mx.nd.waitall()
         return outs
 
@@ -207,6 +207,7 @@ def mxnet():
     race(paths, r, check)
     mmx.shutdown()
     del kv
+    store.clear()
     for h in helpers:
         h.wait(timeout=30)
 
