@@ -1,10 +1,14 @@
-//! `monel fabric plan|sweep`: the fabric planner on cluster designs in TOML.
+//! `monel fabric plan|sweep|flows`: the fabric planner on cluster designs in TOML, and flow
+//! lists (Monel's CSV or htsim's connection matrices) on them.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
-use monel_fabric::{Report, SweepRow, evaluate, parse_design};
+use monel_fabric::{
+    FlowEngine, PacketParams, Report, SweepRow, TrafficFlow, evaluate, parse_cm, parse_csv,
+    parse_design, parse_pins, run_traffic,
+};
 
 use crate::chart;
 use monel_sched::Algorithm;
@@ -28,6 +32,26 @@ enum FabricCmd {
         /// Override the collective's algorithm (`ring`, `hier`, `tree`, ...).
         #[arg(long)]
         algorithm: Option<String>,
+    },
+    /// Run a flow list on a design's fabric: every flow's completion time and their
+    /// distribution (Monel's CSV, or htsim's connection matrix when the file ends in `.cm`).
+    Flows {
+        /// The design (TOML): its fabric, servers and packet-engine settings.
+        config: PathBuf,
+        /// The flows: `from,to,bytes,start_us,after,spine` CSV, or an htsim `.cm` file.
+        traffic: PathBuf,
+        /// `packet` (PFC, ECN, DCQCN, packet by packet) or `fluid` (max-min fair shares).
+        #[arg(long, default_value = "packet", value_parser = ["packet", "fluid"])]
+        engine: String,
+        /// htsim's per-flow spine log (`SOURCE DESTINATION SPINE` lines): pins those flows.
+        #[arg(long)]
+        pins: Option<PathBuf>,
+        /// Per-flow CSV output.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+        /// JSON output (summary and every flow).
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// Compare designs at several GPU counts; write CSV and charts (SVG or PNG).
     Sweep {
@@ -76,8 +100,119 @@ fn design(path: &Path, gpus: Option<usize>, algo: Option<&str>) -> anyhow::Resul
     evaluate(d).with_context(|| path.display().to_string())
 }
 
+fn read(path: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// `monel fabric flows`.
+fn flows(
+    config: &Path,
+    traffic: &Path,
+    engine: &str,
+    pins: Option<&Path>,
+    csv: Option<&Path>,
+    json: Option<&Path>,
+) -> anyhow::Result<()> {
+    let d = parse_design(&read(config)?, "design", None)
+        .with_context(|| config.display().to_string())?;
+    let text = read(traffic)?;
+    let mut list: Vec<TrafficFlow> = if traffic.extension().is_some_and(|e| e == "cm") {
+        parse_cm(&text)
+            .with_context(|| traffic.display().to_string())?
+            .0
+    } else {
+        parse_csv(&text).with_context(|| traffic.display().to_string())?
+    };
+    if let Some(p) = pins {
+        let pins = parse_pins(&read(p)?).with_context(|| p.display().to_string())?;
+        for f in &mut list {
+            if let Some(&s) = pins.get(&(f.from, f.to)) {
+                f.spine = Some(s);
+            }
+        }
+    }
+    let engine = if engine == "fluid" {
+        FlowEngine::Fluid
+    } else {
+        FlowEngine::Packet
+    };
+    let params =
+        (d.scenario.packet.clone()).unwrap_or_else(|| PacketParams::for_fabric(&d.cluster.fabric));
+    let t = std::time::Instant::now();
+    let r = run_traffic(&d.cluster, &list, engine, &params)
+        .with_context(|| traffic.display().to_string())?;
+    let [mean, p50, p99, max] = r.fct_summary().map(|s| s * 1e6);
+    let fct = r.fct_s();
+    println!(
+        "{} flows on {} ({} engine, {:.2} s): makespan {:.1} us; completion mean {mean:.1} us, \
+         p50 {p50:.1}, p99 {p99:.1}, max {max:.1}",
+        list.len(),
+        d.name,
+        engine.name(),
+        t.elapsed().as_secs_f64(),
+        r.makespan_s() * 1e6
+    );
+    if engine == FlowEngine::Packet {
+        println!(
+            "  PFC pauses {}, ECN marks {}, CNPs {}, drops {}",
+            r.pauses, r.ecn_marks, r.cnps, r.drops
+        );
+    }
+    if let Some(p) = csv {
+        let mut s = String::from("flow,from,to,bytes,spine,start_us,done_us,fct_us\n");
+        for (i, f) in list.iter().enumerate() {
+            let spine = f.spine.map(|s| s.to_string()).unwrap_or_default();
+            s += &format!(
+                "{i},{},{},{},{spine},{:.3},{:.3},{:.3}\n",
+                f.from,
+                f.to,
+                f.bytes,
+                r.start_s[i] * 1e6,
+                r.done_s[i] * 1e6,
+                fct[i] * 1e6
+            );
+        }
+        std::fs::write(p, s).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = json {
+        let flows: Vec<serde_json::Value> = list
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                serde_json::json!({"from": f.from, "to": f.to, "bytes": f.bytes,
+                    "spine": f.spine, "start_us": r.start_s[i] * 1e6,
+                    "done_us": r.done_s[i] * 1e6, "fct_us": fct[i] * 1e6})
+            })
+            .collect();
+        let v = serde_json::json!({
+            "design": d.name, "engine": engine.name(), "makespan_us": r.makespan_s() * 1e6,
+            "fct_us": {"mean": mean, "p50": p50, "p99": p99, "max": max},
+            "pfc_pauses": r.pauses, "ecn_marks": r.ecn_marks, "cnps": r.cnps, "drops": r.drops,
+            "flows": flows,
+        });
+        std::fs::write(p, serde_json::to_string_pretty(&v)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
+
 pub(crate) fn run(a: &FabricArgs) -> anyhow::Result<()> {
     match &a.cmd {
+        FabricCmd::Flows {
+            config,
+            traffic,
+            engine,
+            pins,
+            csv,
+            json,
+        } => flows(
+            config,
+            traffic,
+            engine,
+            pins.as_deref(),
+            csv.as_deref(),
+            json.as_deref(),
+        )?,
         FabricCmd::Plan {
             config,
             gpus,

@@ -163,11 +163,7 @@ impl Cluster {
             path.push(nv + 2 * b + 1);
             return;
         }
-        let nic = rail.unwrap_or_else(|| self.own_nic(b)) % self.server.nics;
-        let (ea, eb) = (
-            self.fabric.endpoint(sa, nic, self.server.nics),
-            self.fabric.endpoint(sb, nic, self.server.nics),
-        );
+        let (ea, eb) = self.endpoints(a, b, rail);
         if let Some(p) = self.pcie {
             path.push(p + 2 * ea);
         }
@@ -175,6 +171,27 @@ impl Cluster {
         if let Some(p) = self.pcie {
             path.push(p + 2 * eb + 1);
         }
+    }
+
+    /// The fabric endpoints (NIC ports) a message from GPU `a` to GPU `b` of another server
+    /// leaves and enters by, on NIC `rail` (default: `b`'s own NIC).
+    fn endpoints(&self, a: usize, b: usize, rail: Option<usize>) -> (usize, usize) {
+        let g = self.server.gpus;
+        let nic = rail.unwrap_or_else(|| self.own_nic(b)) % self.server.nics;
+        (
+            self.fabric.endpoint(a / g, nic, self.server.nics),
+            self.fabric.endpoint(b / g, nic, self.server.nics),
+        )
+    }
+
+    /// The spine (top-tier switch) a message from GPU `a` to GPU `b` with UDP source port
+    /// `sport` turns around at, if it leaves its leaf.
+    pub fn spine_of(&self, a: usize, b: usize, rail: Option<usize>, sport: u16) -> Option<usize> {
+        if a / self.server.gpus == b / self.server.gpus {
+            return None;
+        }
+        let (ea, eb) = self.endpoints(a, b, rail);
+        self.fabric.spine_of(ea, eb, sport)
     }
 
     /// Latency of a path.

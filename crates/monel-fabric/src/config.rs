@@ -12,8 +12,12 @@
 //! [training]   # forward, backward, optimizer (times), gradients, bucket (sizes); optional
 //! [prices]     # switch_port, nic, cable, optic; optional
 //!              # packet engine: mtu = "4KiB", switch_buffer = "32MiB", flow_control =
-//!              # "pfc" | "lossy" (RoCE) | "credits" (InfiniBand), adaptive_routing = false
-//! [congestion] # RoCE: algorithm = "dcqcn" | "none", ecn_kmin, ecn_kmax (sizes), ecn_pmax,
+//!              # "pfc" | "lossy" (RoCE) | "credits" (InfiniBand), adaptive_routing = false,
+//!              # header_bytes = 78 (wire bytes per packet beyond the payload), PFC:
+//!              # pfc_alpha = 0.125 (dynamic threshold, of the free buffer) or pfc_threshold
+//!              # (a fixed size per ingress port), pfc_resume = "8348B" (below the threshold)
+//! [congestion] # RoCE: algorithm = "dcqcn" | "none", ecn_kmin, ecn_kmax (sizes), ecn_pmax
+//!              # (step marking: ecn_kmin = ecn_kmax, ecn_pmax = 1),
 //!              # rate_ai, rate_hai (speeds), timer (time); defaults scale with link_speed
 //! [background] # a competing job: gpus, op, algorithm, size, placement = "packed" (its own
 //!              # servers after the planned job's) | "interleaved" (servers dealt in turn)
@@ -279,6 +283,10 @@ pub fn parse_design(text: &str, name: &str, gpus: Option<usize>) -> Result<Desig
             "switch_buffer",
             "flow_control",
             "adaptive_routing",
+            "header_bytes",
+            "pfc_alpha",
+            "pfc_resume",
+            "pfc_threshold",
         ],
     )?;
     let kind = f.choice("kind", &["leaf-spine", "fat-tree", "rail-optimized"], "")?;
@@ -588,6 +596,40 @@ fn packet_params(
     }
     p.mtu = mtu as u32;
     p.switch_buffer_bytes = f.bytes("switch_buffer", Some("32MiB"))?;
+    if let Some(h) = f.num("header_bytes")? {
+        if !(0.0..=65536.0).contains(&h) || h.fract() != 0.0 {
+            return Err(err(
+                "fabric.header_bytes",
+                format!("{h}: want 0 to 65536 bytes"),
+            ));
+        }
+        p.header_bytes = h as u32;
+    }
+    if let Some(a) = f.num("pfc_alpha")? {
+        if !(a > 0.0 && a.is_finite()) {
+            return Err(err(
+                "fabric.pfc_alpha",
+                format!("{a}: want a positive number"),
+            ));
+        }
+        p.pfc_alpha = a;
+    }
+    let resume = format!("{}B", p.pfc_resume_bytes);
+    p.pfc_resume_bytes = f.bytes("pfc_resume", Some(&resume))?;
+    if f.t.is_some_and(|t| t.contains_key("pfc_threshold")) {
+        let x = f.bytes("pfc_threshold", None)?;
+        let packet = u64::from(p.mtu + p.header_bytes);
+        if x < packet || x > p.switch_buffer_bytes {
+            return Err(err(
+                "fabric.pfc_threshold",
+                format!(
+                    "{x} B: want one packet ({packet} B) to the switch buffer ({} B)",
+                    p.switch_buffer_bytes
+                ),
+            ));
+        }
+        p.pfc_xoff_bytes = Some(x);
+    }
     let default = if ib { "credits" } else { "pfc" };
     p.flow_control = match f.choice("flow_control", &["pfc", "lossy", "credits"], default)? {
         "pfc" if !ib => FlowControl::Pfc,

@@ -18,23 +18,26 @@ mod config;
 mod design;
 pub mod engine;
 mod error;
+pub mod flows;
 mod radix;
 mod report;
 pub mod scenario;
 pub mod topology;
+pub mod traffic;
 pub mod units;
 
 pub use cluster::{Cluster, Server};
 pub use config::parse_design;
 pub use design::{Design, Transport};
 pub use engine::event::{Job, Replay, ReplayError, replay, sport};
-pub use engine::flow::{drain, max_min_rates, max_min_rates_by};
+pub use engine::flow::{drain, drain_timed, max_min_rates, max_min_rates_by};
 pub use engine::lockstep::{Lockstep, SymJob, Symmetry, lockstep, symmetric};
 pub use engine::packet::{
-    Ecn, Flow, FlowControl, PacketError, PacketParams, PacketReport, Sample, simulate_flows,
-    simulate_jobs,
+    Ecn, Flow, FlowControl, PacketError, PacketParams, PacketReport, Sample,
+    simulate_dependent_flows, simulate_flows, simulate_jobs,
 };
 pub use error::{ConfigError, PlanError};
+pub use flows::{FlowEngine, TrafficReport, run_traffic};
 pub use report::{Report, SweepRow, evaluate};
 pub use scenario::{
     Background, CollectiveSpec, Cost, Engine, Outcome, PACKET_ENGINE_MAX_PACKETS, Placement,
@@ -44,4 +47,5 @@ pub use scenario::{
 pub use topology::{
     Fabric, FatTree, LeafSpine, LinkId, LinkKind, RailOptimized, Routing, TopologyError,
 };
+pub use traffic::{TrafficError, TrafficFlow, parse_cm, parse_csv, parse_pins, sport_for_spine};
 pub use units::{UnitError, parse_bandwidth, parse_bytes, parse_time};

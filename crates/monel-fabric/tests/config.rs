@@ -103,6 +103,31 @@ fn mistakes_name_the_field_and_the_allowed_values() {
         ("gpus = 64", "gpus = 100000", "gpus"),
         ("radix = 16", "radix = 16\ntiers = 3", "fabric.tiers"),
         ("[fabric]", "[fabrik]\n[fabric]", "fabrik"),
+        (
+            "radix = 16",
+            "radix = 16\nheader_bytes = -1",
+            "fabric.header_bytes",
+        ),
+        (
+            "radix = 16",
+            "radix = 16\npfc_alpha = 0",
+            "fabric.pfc_alpha",
+        ),
+        (
+            "radix = 16",
+            "radix = 16\npfc_threshold = \"1KiB\"",
+            "fabric.pfc_threshold",
+        ),
+        (
+            "radix = 16",
+            "radix = 16\npfc_threshold = 60000",
+            "fabric.pfc_threshold",
+        ),
+        (
+            "radix = 16",
+            "radix = 16\npfc_resume = \"x\"",
+            "fabric.pfc_resume",
+        ),
     ];
     for (from, to, field) in cases {
         let e = error(&BASE.replace(from, to));

@@ -117,6 +117,99 @@ pub fn drain<'a>(capacity: &[f64], bits: &[f64], path: impl Fn(usize) -> &'a [Li
     done
 }
 
+/// Flows that start at `start[f]` seconds, and not before every flow in `after[f]` has
+/// arrived (`after` empty: no dependencies), each sending `bits[f]` along `path(f)` at
+/// max-min fair rates re-shared whenever one starts or finishes; a flow arrives `latency(f)`
+/// after its last bit leaves. Returns each flow's start and arrival, seconds. The
+/// dependencies must not form a cycle (flows caught in one never start: NaN).
+pub fn drain_timed<'a>(
+    capacity: &[f64],
+    bits: &[f64],
+    start: &[f64],
+    after: &[Vec<usize>],
+    path: impl Fn(usize) -> &'a [LinkId],
+    latency: impl Fn(usize) -> f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let n = bits.len();
+    let mut waiting: Vec<usize> = (0..n).map(|f| after.get(f).map_or(0, Vec::len)).collect();
+    let mut children = vec![Vec::new(); n];
+    for (f, deps) in after.iter().enumerate() {
+        for &d in deps {
+            children[d].push(f);
+        }
+    }
+    let mut began = vec![f64::NAN; n];
+    let mut arrived = vec![f64::NAN; n];
+    let mut ready_at: Vec<f64> = start.to_vec();
+    // Flows whose dependencies have arrived, by the time they may start.
+    let mut pending: BinaryHeap<Reverse<(u64, usize)>> = (0..n)
+        .filter(|&f| waiting[f] == 0)
+        .map(|f| Reverse((start[f].to_bits(), f)))
+        .collect();
+    let mut left: Vec<f64> = bits.to_vec();
+    let mut active: Vec<usize> = Vec::new();
+    // Arrivals in flight (a flow's last bit has left), by arrival time.
+    let mut landing: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
+    let mut t = 0.0f64;
+    loop {
+        let next_start = pending.peek().map(|Reverse((b, _))| f64::from_bits(*b));
+        let next_land = landing.peek().map(|Reverse((b, _))| f64::from_bits(*b));
+        let rates = max_min_rates_by(capacity, active.len(), |k| path(active[k]));
+        let finish = active
+            .iter()
+            .zip(&rates)
+            .map(|(&f, &r)| t + left[f] / r)
+            .fold(f64::INFINITY, f64::min);
+        let next = [next_start, next_land, Some(finish)]
+            .into_iter()
+            .flatten()
+            .fold(f64::INFINITY, f64::min);
+        if !next.is_finite() {
+            break;
+        }
+        let dt = next - t;
+        t = next;
+        let mut still = Vec::with_capacity(active.len());
+        for (&f, &r) in active.iter().zip(&rates) {
+            left[f] -= r * dt;
+            // Done, or so nearly that its finish rounds to now (no progress otherwise).
+            if left[f] <= bits[f] * 1e-9 || r.is_infinite() || t + left[f] / r <= t {
+                landing.push(Reverse(((t + latency(f)).to_bits(), f)));
+            } else {
+                still.push(f);
+            }
+        }
+        active = still;
+        while let Some(&Reverse((b, f))) = landing.peek() {
+            if f64::from_bits(b) > t {
+                break;
+            }
+            landing.pop();
+            arrived[f] = f64::from_bits(b);
+            for &c in &children[f] {
+                waiting[c] -= 1;
+                ready_at[c] = ready_at[c].max(arrived[f]);
+                if waiting[c] == 0 {
+                    pending.push(Reverse((ready_at[c].to_bits(), c)));
+                }
+            }
+        }
+        while let Some(&Reverse((b, f))) = pending.peek() {
+            if f64::from_bits(b) > t {
+                break;
+            }
+            pending.pop();
+            began[f] = t;
+            if bits[f] > 0.0 {
+                active.push(f);
+            } else {
+                landing.push(Reverse(((t + latency(f)).to_bits(), f)));
+            }
+        }
+    }
+    (began, arrived)
+}
+
 /// A seeded generator of numbers below `m` (`rnd(m)`), for the engines' random tests.
 #[cfg(test)]
 pub(crate) fn uniform(seed: u64) -> impl FnMut(usize) -> usize {

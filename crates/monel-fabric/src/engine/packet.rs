@@ -135,7 +135,14 @@ struct Msg {
 }
 
 enum Driver<'a> {
-    Flows { left: usize, done: Vec<f64> },
+    Flows {
+        left: usize,
+        done: Vec<f64>,
+        /// Per flow: dependencies not yet delivered, the flows waiting on it, its start.
+        waiting: Vec<u32>,
+        children: Vec<Vec<u32>>,
+        start_ps: Vec<u64>,
+    },
     Jobs(Box<Progress<'a>>),
 }
 
@@ -519,6 +526,9 @@ impl<'a> Sim<'a> {
     }
 
     fn xoff(&self, node: usize) -> u64 {
+        if let Some(x) = self.p.pfc_xoff_bytes {
+            return x;
+        }
         (self.p.pfc_alpha * self.buffer[node].saturating_sub(self.used[node]) as f64) as u64
     }
 
@@ -706,10 +716,23 @@ impl<'a> Sim<'a> {
         self.out.messages += 1;
         self.out.time_s = self.now as f64 * 1e-12;
         let (src, dst) = (self.msgs[msg as usize].src, self.msgs[msg as usize].dst);
+        let mut ready = Vec::new();
         match &mut self.driver {
-            Driver::Flows { left, done } => {
+            Driver::Flows {
+                left,
+                done,
+                waiting,
+                children,
+                start_ps,
+            } => {
                 done[src] = self.now as f64 * 1e-12;
                 *left -= 1;
+                for &c in &children[src] {
+                    waiting[c as usize] -= 1;
+                    if waiting[c as usize] == 0 {
+                        ready.push((start_ps[c as usize].max(self.now), c));
+                    }
+                }
             }
             Driver::Jobs(progress) => {
                 progress.deliver(src, dst);
@@ -718,6 +741,9 @@ impl<'a> Sim<'a> {
                     self.out.job_time_s[j] = self.now as f64 * 1e-12;
                 }
             }
+        }
+        for (at, c) in ready {
+            self.push(at, Kind::Start(c));
         }
         self.post_all(posted);
     }
@@ -910,6 +936,18 @@ pub fn simulate_flows(
     flows: &[Flow],
     params: &PacketParams,
 ) -> Result<PacketReport, PacketError> {
+    simulate_dependent_flows(cluster, flows, &[], params)
+}
+
+/// [`simulate_flows`] where flow `i` starts only once every flow in `after[i]` is delivered
+/// (and not before its own start time): collectives and pipelines as flow lists. `after` is
+/// empty (no dependencies) or has one entry per flow; dependencies must not form a cycle.
+pub fn simulate_dependent_flows(
+    cluster: &Cluster,
+    flows: &[Flow],
+    after: &[Vec<usize>],
+    params: &PacketParams,
+) -> Result<PacketReport, PacketError> {
     params.check()?;
     for (i, f) in flows.iter().enumerate() {
         if f.from >= cluster.gpus() || f.to >= cluster.gpus() {
@@ -930,9 +968,40 @@ pub fn simulate_flows(
             });
         }
     }
+    if !after.is_empty() && after.len() != flows.len() {
+        return Err(PacketError::Invalid {
+            field: "packet.after",
+            why: format!("{} dependency lists for {} flows", after.len(), flows.len()),
+        });
+    }
+    let mut waiting = vec![0u32; flows.len()];
+    let mut children = vec![Vec::new(); flows.len()];
+    for (i, deps) in after.iter().enumerate() {
+        for &d in deps {
+            if d >= flows.len() || d == i {
+                return Err(PacketError::Invalid {
+                    field: "packet.after",
+                    why: format!("flow {i} waits for flow {d} of {}", flows.len()),
+                });
+            }
+            waiting[i] += 1;
+            children[d].push(i as u32);
+        }
+    }
+    if !acyclic(&waiting, &children) {
+        return Err(PacketError::Invalid {
+            field: "packet.after",
+            why: "the dependencies form a cycle: some flows could never start".into(),
+        });
+    }
+    let start_ps: Vec<u64> = flows.iter().map(|f| ps(f.start_s)).collect();
+    let first: Vec<usize> = (0..flows.len()).filter(|&i| waiting[i] == 0).collect();
     let driver = Driver::Flows {
         left: flows.len(),
         done: vec![0.0; flows.len()],
+        waiting,
+        children,
+        start_ps: start_ps.clone(),
     };
     let mut sim = Sim::new(cluster, params, driver, 0.0);
     for (i, f) in flows.iter().enumerate() {
@@ -946,9 +1015,28 @@ pub fn simulate_flows(
             sport: f.sport,
             rail: f.rail,
         });
-        sim.push(ps(f.start_s), Kind::Start(i as u32));
+    }
+    for i in first {
+        sim.push(start_ps[i], Kind::Start(i as u32));
     }
     sim.run()
+}
+
+/// Whether every flow can start: Kahn's order over the dependency counts.
+fn acyclic(waiting: &[u32], children: &[Vec<u32>]) -> bool {
+    let mut left = waiting.to_vec();
+    let mut ready: Vec<usize> = (0..left.len()).filter(|&i| left[i] == 0).collect();
+    let mut seen = 0;
+    while let Some(i) = ready.pop() {
+        seen += 1;
+        for &c in &children[i] {
+            left[c as usize] -= 1;
+            if left[c as usize] == 0 {
+                ready.push(c as usize);
+            }
+        }
+    }
+    seen == left.len()
 }
 
 /// Replays `jobs` (collective schedules, as [`crate::replay()`] does) packet by packet;

@@ -69,6 +69,9 @@ pub struct PacketParams {
     pub pfc_alpha: f64,
     /// PFC resumes when the port's bytes fall this far below the threshold (or to zero).
     pub pfc_resume_bytes: u64,
+    /// A fixed PFC threshold per ingress port, bytes, instead of the dynamic one
+    /// (`pfc_alpha`): what switches configured with static XOFF limits do.
+    pub pfc_xoff_bytes: Option<u64>,
     /// Credits (receive buffer) per link, bytes; `None`: enough for line rate (two round
     /// trips of data, at least four packets).
     pub credit_bytes: Option<u64>,
@@ -100,6 +103,7 @@ impl PacketParams {
             nic_buffer_bytes: 4 << 20,
             pfc_alpha: 1.0 / 8.0,
             pfc_resume_bytes: 2 * (4096 + 78),
+            pfc_xoff_bytes: None,
             credit_bytes: None,
             ecn: Some(Ecn::for_link(edge_bps)),
             dcqcn: Some(DcqcnParams::for_line_rate(edge_bps)),
@@ -148,6 +152,23 @@ impl PacketParams {
                     format!("{v} B: want at least four packets ({need} B each)"),
                 );
             }
+        }
+        if let Some(x) = self.pfc_xoff_bytes
+            && (x < need || x > self.switch_buffer_bytes)
+        {
+            return bad(
+                "packet.pfc_threshold",
+                format!(
+                    "{x} B: want one packet ({need} B) to the switch buffer ({} B)",
+                    self.switch_buffer_bytes
+                ),
+            );
+        }
+        if self.header_bytes > 1 << 16 {
+            return bad(
+                "packet.header_bytes",
+                format!("{} B: want at most 64 KiB", self.header_bytes),
+            );
         }
         if let Some(c) = self.credit_bytes
             && c < need
