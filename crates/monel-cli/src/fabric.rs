@@ -158,6 +158,13 @@ fn flows(
             r.pauses, r.ecn_marks, r.cnps, r.drops
         );
     }
+    println!(
+        "  links shared by flows at once: {} (most on one: {})",
+        r.shared_links, r.most_on_a_link
+    );
+    if let Some(risk) = r.fluid_risk() {
+        println!("  warning: {risk}");
+    }
     if let Some(p) = csv {
         let mut s = String::from("flow,from,to,bytes,spine,start_us,done_us,fct_us\n");
         for (i, f) in list.iter().enumerate() {
@@ -188,6 +195,8 @@ fn flows(
             "design": d.name, "engine": engine.name(), "makespan_us": r.makespan_s() * 1e6,
             "fct_us": {"mean": mean, "p50": p50, "p99": p99, "max": max},
             "pfc_pauses": r.pauses, "ecn_marks": r.ecn_marks, "cnps": r.cnps, "drops": r.drops,
+            "shared_links": r.shared_links, "most_on_a_link": r.most_on_a_link,
+            "warning": r.fluid_risk(),
             "flows": flows,
         });
         std::fs::write(p, serde_json::to_string_pretty(&v)?)

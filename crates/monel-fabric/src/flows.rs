@@ -46,6 +46,10 @@ pub struct TrafficReport {
     pub cnps: u64,
     /// Drops.
     pub drops: u64,
+    /// Most flows crossing one network link (edge or switch-to-switch) at the same time.
+    pub most_on_a_link: usize,
+    /// Network links that carried two flows or more at the same time.
+    pub shared_links: usize,
 }
 
 impl TrafficReport {
@@ -78,6 +82,49 @@ impl TrafficReport {
             v[v.len() - 1],
         ]
     }
+
+    /// Where the fluid model's fair shares are a guess: flows that shared a link at the same
+    /// time, whose order under PFC (or credits) is decided by pauses, not by fair shares.
+    /// `None` when no link was shared or the packet engine ran.
+    pub fn fluid_risk(&self) -> Option<String> {
+        (self.engine == FlowEngine::Fluid && self.most_on_a_link > 1).then(|| {
+            format!(
+                "{} links carried several flows at once (up to {} on one): under PFC, pauses \
+                 rather than fair shares decide which flow waits there, and the fluid model \
+                 was 2-27 % off a packet simulator's makespan and up to 26 % off its mean in \
+                 such cases (docs/fabric.md); --engine packet models it",
+                self.shared_links, self.most_on_a_link
+            )
+        })
+    }
+}
+
+/// (most flows on one network link at once, links with two or more at once).
+fn sharing(cluster: &Cluster, paths: &[Vec<usize>], start: &[f64], done: &[f64]) -> (usize, usize) {
+    let mut on: std::collections::HashMap<usize, Vec<(f64, i32)>> = Default::default();
+    for (f, p) in paths.iter().enumerate() {
+        for &l in p {
+            if cluster.fabric.kind[l] != crate::topology::LinkKind::Host {
+                let e = on.entry(l).or_default();
+                e.push((start[f], 1));
+                e.push((done[f], -1));
+            }
+        }
+    }
+    let (mut most, mut shared) = (0, 0);
+    for mut ev in on.into_values() {
+        // Ends before starts at the same instant: a flow that starts as another ends does
+        // not share with it.
+        ev.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let (mut now, mut peak) = (0i32, 0i32);
+        for (_, d) in ev {
+            now += d;
+            peak = peak.max(now);
+        }
+        most = most.max(peak as usize);
+        shared += usize::from(peak > 1);
+    }
+    (most, shared)
 }
 
 /// The source port of flow `i`: one that crosses its pinned spine, or one from its index.
@@ -132,7 +179,18 @@ pub fn run_traffic(
         ecn_marks: 0,
         cnps: 0,
         drops: 0,
+        most_on_a_link: 0,
+        shared_links: 0,
     };
+    let paths: Vec<Vec<usize>> = flows
+        .iter()
+        .zip(&sport)
+        .map(|(f, &s)| {
+            let mut p = Vec::new();
+            cluster.route(f.from, f.to, None, s, &mut p);
+            p
+        })
+        .collect();
     match engine {
         FlowEngine::Packet => {
             let pf: Vec<Flow> = flows
@@ -162,15 +220,6 @@ pub fn run_traffic(
                 (r.pauses, r.ecn_marks, r.cnps, r.drops);
         }
         FlowEngine::Fluid => {
-            let paths: Vec<Vec<usize>> = flows
-                .iter()
-                .zip(&sport)
-                .map(|(f, &s)| {
-                    let mut p = Vec::new();
-                    cluster.route(f.from, f.to, None, s, &mut p);
-                    p
-                })
-                .collect();
             let bits: Vec<f64> = flows.iter().map(|f| f.bytes as f64 * 8.0).collect();
             let start: Vec<f64> = flows.iter().map(|f| f.start_s).collect();
             let (began, arrived) = drain_timed(
@@ -185,5 +234,7 @@ pub fn run_traffic(
             report.done_s = arrived;
         }
     }
+    (report.most_on_a_link, report.shared_links) =
+        sharing(cluster, &paths, &report.start_s, &report.done_s);
     Ok(report)
 }

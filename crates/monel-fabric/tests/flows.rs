@@ -142,3 +142,29 @@ fn pinned_flows_cross_their_spine_and_impossible_pins_are_errors() {
     let e = run_traffic(&d.cluster, &[flow(0, 99, 8, vec![])], FlowEngine::Fluid, &p).unwrap_err();
     assert!(e.to_string().contains("outside"), "{e}");
 }
+
+#[test]
+fn the_fluid_model_names_its_risk_where_flows_share_a_link() {
+    let d = design();
+    let p = d.scenario.packet.clone().unwrap();
+    // 0 -> 4 and 8 -> 12 cross disjoint leaves' links; 0 -> 28 and 4 -> 28 share the receiver's.
+    let apart = vec![flow(0, 4, 1 << 20, vec![]), flow(8, 12, 1 << 20, vec![])];
+    let r = run_traffic(&d.cluster, &apart, FlowEngine::Fluid, &p).unwrap();
+    assert_eq!((r.most_on_a_link, r.shared_links), (1, 0));
+    assert_eq!(r.fluid_risk(), None);
+    let incast = vec![flow(0, 28, 1 << 20, vec![]), flow(4, 28, 1 << 20, vec![])];
+    let r = run_traffic(&d.cluster, &incast, FlowEngine::Fluid, &p).unwrap();
+    assert!(r.most_on_a_link == 2 && r.shared_links >= 1, "{r:?}");
+    let risk = r.fluid_risk().expect("a shared link is a risk");
+    assert!(
+        risk.contains("--engine packet") && risk.contains("PFC"),
+        "{risk}"
+    );
+    // One after the other, they never share: no risk.
+    let chained = vec![flow(0, 28, 1 << 20, vec![]), flow(4, 28, 1 << 20, vec![0])];
+    let r = run_traffic(&d.cluster, &chained, FlowEngine::Fluid, &p).unwrap();
+    assert_eq!(r.fluid_risk(), None, "{r:?}");
+    // The packet engine models the pauses itself.
+    let r = run_traffic(&d.cluster, &incast, FlowEngine::Packet, &p).unwrap();
+    assert_eq!(r.fluid_risk(), None);
+}
