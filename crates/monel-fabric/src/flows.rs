@@ -89,14 +89,24 @@ impl TrafficReport {
     pub fn fluid_risk(&self) -> Option<String> {
         (self.engine == FlowEngine::Fluid && self.most_on_a_link > 1).then(|| {
             format!(
-                "{} links carried several flows at once (up to {} on one): under PFC, pauses \
-                 rather than fair shares decide which flow waits there, and the fluid model \
-                 was 2-27 % off a packet simulator's makespan and up to 26 % off its mean in \
-                 such cases (docs/fabric.md); --engine packet models it",
-                self.shared_links, self.most_on_a_link
+                "{} links carried several flows at once (up to {} on one): {}",
+                self.shared_links,
+                self.most_on_a_link,
+                shared_link_risk("--engine packet")
             )
         })
     }
+}
+
+/// Why fair shares are a guess on a link several flows share under PFC, with the fluid
+/// model's measured error, and `how` to run the packet engine instead.
+pub(crate) fn shared_link_risk(how: &str) -> String {
+    format!(
+        "on a lossless fabric, back-pressure (PFC pauses, InfiniBand credits) rather than fair \
+         shares decides which flow waits there, and the fluid model was 2-27 % off a packet \
+         simulator's makespan and up to 26 % off its mean in such cases (docs/fabric.md); \
+         {how} models it"
+    )
 }
 
 /// (most flows on one network link at once, links with two or more at once).

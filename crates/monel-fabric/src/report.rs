@@ -51,6 +51,14 @@ pub fn evaluate(design: Design) -> Result<Report, ConfigError> {
     })
 }
 
+/// Whether the design's fabric is lossless (PFC or credits), so that collisions are
+/// settled by pauses.
+fn lossless(d: &Design) -> bool {
+    use crate::engine::packet::FlowControl;
+    let fc = (d.scenario.packet.as_ref()).map_or(FlowControl::Pfc, |p| p.flow_control);
+    fc != FlowControl::Lossy
+}
+
 fn si(x: f64) -> String {
     if x >= 1e6 {
         format!("{:.2} M", x / 1e6)
@@ -116,6 +124,16 @@ impl fmt::Display for Report {
                 100.0 * s.collided_fraction,
                 s.worst_slowdown
             )?;
+            if s.max_flows_per_fabric_link > 1 && lossless(d) {
+                writeln!(
+                    f,
+                    "  warning: flows collide on switch-to-switch links (up to {} on one): {}",
+                    s.max_flows_per_fabric_link,
+                    crate::flows::shared_link_risk(
+                        "[sim] engine = \"packet\" (up to about a thousand endpoints)"
+                    )
+                )?;
+            }
         }
         for b in &d.scenario.background {
             writeln!(

@@ -237,3 +237,29 @@ fn sweep_rows_have_a_field_per_header_column() {
         SweepRow::HEADER.split(',').count()
     );
 }
+
+#[test]
+fn flow_level_plans_warn_where_lossless_links_are_shared() {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/fabric/roce-leaf-spine.toml");
+    let text = std::fs::read_to_string(p).unwrap();
+    let report = |text: &str| evaluate(parse_design(text, "t", Some(1024)).unwrap()).unwrap();
+    let r = report(&text);
+    let s = r.outcome.stats.as_ref().expect("the lockstep engine ran");
+    assert!(
+        s.max_flows_per_fabric_link > 1,
+        "the example collides at this size"
+    );
+    let out = r.to_string();
+    assert!(
+        out.contains("warning: flows collide") && out.contains("engine = \"packet\""),
+        "{out}"
+    );
+    // A lossy fabric drops instead of pausing: no such warning.
+    let lossy = text.replace("[fabric]", "[fabric]\nflow_control = \"lossy\"");
+    assert!(
+        !report(&lossy)
+            .to_string()
+            .contains("warning: flows collide")
+    );
+}
