@@ -628,6 +628,70 @@ fn fabric_plan_takes_an_algorithm_and_refuses_one_the_collective_lacks() {
     );
 }
 
+/// `monel fabric flows`: htsim's connection matrix with its pins, and a CSV flow list with a
+/// dependency, each with per-flow CSV and JSON; a bad line is an error naming it.
+#[test]
+fn fabric_flows_runs_flow_lists_and_names_bad_lines() {
+    let data = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../monel-fabric/tests/data/htsim/"
+    );
+    let design = format!("{data}leafspine32.toml");
+    let dir = std::env::temp_dir().join(format!("monel-flows-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (csv, json) = (dir.join("out.csv"), dir.join("out.json"));
+    let (code, out) = monel(&[
+        "fabric",
+        "flows",
+        &design,
+        &format!("{data}incast32_8to1.cm"),
+        "--pins",
+        &format!("{data}pin_incast_pfc.txt"),
+        "--csv",
+        csv.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("8 flows on htsim leaf-spine 32 (packet engine"),
+        "{out}"
+    );
+    assert!(out.contains("PFC pauses"), "{out}");
+    let rows = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(rows.lines().count(), 9, "{rows}");
+    assert!(rows.starts_with("flow,from,to,bytes,spine,start_us,done_us,fct_us"));
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(j["flows"].as_array().unwrap().len(), 8);
+    assert!(j["makespan_us"].as_f64().unwrap() > 2000.0, "{j}");
+
+    let list = dir.join("flows.csv");
+    std::fs::write(
+        &list,
+        "from,to,bytes,start_us,after\n0,5,1MiB,0,\n5,10,1MiB,,0\n",
+    )
+    .unwrap();
+    let (code, out) = monel(&[
+        "fabric",
+        "flows",
+        &design,
+        list.to_str().unwrap(),
+        "--engine",
+        "fluid",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("2 flows") && out.contains("fluid engine"),
+        "{out}"
+    );
+    std::fs::write(&list, "from,to,bytes,start_us\n0,5,1MiB,0\n0,5,lots,0\n").unwrap();
+    let (code, out) = monel(&["fabric", "flows", &design, list.to_str().unwrap()]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("traffic line 3"), "{out}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// The raw UDP bandwidth baseline runs with contiguous datagrams and with each one gathered
 /// from three pieces (`--gather`, the soft RNIC's layout); the receiver counts what arrived.
 #[test]
