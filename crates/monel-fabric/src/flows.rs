@@ -173,7 +173,6 @@ pub fn run_traffic(
             ));
         }
     }
-    check_order(flows).map_err(|e| invalid("traffic", e.why))?;
     let sport = flows
         .iter()
         .enumerate()
@@ -230,6 +229,8 @@ pub fn run_traffic(
                 (r.pauses, r.ecn_marks, r.cnps, r.drops);
         }
         FlowEngine::Fluid => {
+            // The packet engine checks the dependencies itself.
+            check_order(flows).map_err(|e| invalid("traffic", e.why))?;
             let bits: Vec<f64> = flows.iter().map(|f| f.bytes as f64 * 8.0).collect();
             let start: Vec<f64> = flows.iter().map(|f| f.start_s).collect();
             let (began, arrived) = drain_timed(

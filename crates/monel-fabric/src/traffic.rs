@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use crate::cluster::Cluster;
+use crate::engine::flow::check_dependencies;
 use crate::units::parse_bytes;
 
 /// Most flows a traffic file may hold.
@@ -302,39 +303,7 @@ pub fn parse_cm(text: &str) -> Result<(Vec<TrafficFlow>, usize), TrafficError> {
 
 /// Every dependency names a flow of the list, and no flow waits on itself through others.
 pub(crate) fn check_order(flows: &[TrafficFlow]) -> Result<(), TrafficError> {
-    let mut waiting = vec![0usize; flows.len()];
-    let mut children: Vec<Vec<usize>> = vec![Vec::new(); flows.len()];
-    for (i, f) in flows.iter().enumerate() {
-        for &a in &f.after {
-            if a >= flows.len() {
-                return bad(
-                    0,
-                    format!("flow {i} waits for flow {a}; there are {}", flows.len()),
-                );
-            }
-            waiting[i] += 1;
-            children[a].push(i);
-        }
-    }
-    let mut ready: Vec<usize> = (0..flows.len()).filter(|&i| waiting[i] == 0).collect();
-    let mut seen = 0;
-    while let Some(i) = ready.pop() {
-        seen += 1;
-        for &c in &children[i] {
-            waiting[c] -= 1;
-            if waiting[c] == 0 {
-                ready.push(c);
-            }
-        }
-    }
-    if seen != flows.len() {
-        let stuck = waiting.iter().position(|&w| w > 0).unwrap_or(0);
-        return bad(
-            0,
-            format!("flow {stuck} waits in a cycle: its flows can never start"),
-        );
-    }
-    Ok(())
+    check_dependencies(flows.len(), |i| &flows[i].after).or_else(|e| bad(0, e.to_string()))
 }
 
 /// Reads htsim's per-flow spine log lines `SRC DST SPINE` (one flow per pair): the spine

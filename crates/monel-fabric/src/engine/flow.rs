@@ -117,6 +117,60 @@ pub fn drain<'a>(capacity: &[f64], bits: &[f64], path: impl Fn(usize) -> &'a [Li
     done
 }
 
+/// Why flows with dependencies cannot all start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unstartable {
+    /// Flow `flow` waits for `on`, which is not one of the `n` flows.
+    Missing { flow: usize, on: usize, n: usize },
+    /// Flow `flow` waits for itself, through others or directly.
+    Cycle { flow: usize },
+}
+
+impl std::fmt::Display for Unstartable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Missing { flow, on, n } => {
+                write!(f, "flow {flow} waits for flow {on}; there are {n}")
+            }
+            Self::Cycle { flow } => write!(f, "flow {flow} waits in a cycle: it can never start"),
+        }
+    }
+}
+
+/// Checks that every one of `n` flows can start: each flow in `after(f)` exists, and no flow
+/// waits on itself (Kahn's order over the dependency counts).
+pub(crate) fn check_dependencies<'a>(
+    n: usize,
+    after: impl Fn(usize) -> &'a [usize],
+) -> Result<(), Unstartable> {
+    let mut waiting = vec![0usize; n];
+    let mut children = vec![Vec::new(); n];
+    for (f, wait) in waiting.iter_mut().enumerate() {
+        for &d in after(f) {
+            if d >= n {
+                return Err(Unstartable::Missing { flow: f, on: d, n });
+            }
+            *wait += 1;
+            children[d].push(f);
+        }
+    }
+    let mut ready: Vec<usize> = (0..n).filter(|&f| waiting[f] == 0).collect();
+    let mut seen = 0;
+    while let Some(f) = ready.pop() {
+        seen += 1;
+        for &c in &children[f] {
+            waiting[c] -= 1;
+            if waiting[c] == 0 {
+                ready.push(c);
+            }
+        }
+    }
+    match waiting.iter().position(|&w| w > 0) {
+        Some(flow) if seen < n => Err(Unstartable::Cycle { flow }),
+        _ => Ok(()),
+    }
+}
+
 /// Flows that start at `start[f]` seconds, and not before every flow in `after[f]` has
 /// arrived (`after` empty: no dependencies), each sending `bits[f]` along `path(f)` at
 /// max-min fair rates re-shared whenever one starts or finishes; a flow arrives `latency(f)`
@@ -151,10 +205,16 @@ pub fn drain_timed<'a>(
     // Arrivals in flight (a flow's last bit has left), by arrival time.
     let mut landing: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
     let mut t = 0.0f64;
+    // The shares change only when a flow starts or finishes; landings alone keep them.
+    let mut rates: Vec<f64> = Vec::new();
+    let mut reshare = true;
     loop {
         let next_start = pending.peek().map(|Reverse((b, _))| f64::from_bits(*b));
         let next_land = landing.peek().map(|Reverse((b, _))| f64::from_bits(*b));
-        let rates = max_min_rates_by(capacity, active.len(), |k| path(active[k]));
+        if reshare {
+            rates = max_min_rates_by(capacity, active.len(), |k| path(active[k]));
+            reshare = false;
+        }
         let finish = active
             .iter()
             .zip(&rates)
@@ -175,6 +235,7 @@ pub fn drain_timed<'a>(
             // Done, or so nearly that its finish rounds to now (no progress otherwise).
             if left[f] <= bits[f] * 1e-9 || r.is_infinite() || t + left[f] / r <= t {
                 landing.push(Reverse(((t + latency(f)).to_bits(), f)));
+                reshare = true;
             } else {
                 still.push(f);
             }
@@ -202,6 +263,7 @@ pub fn drain_timed<'a>(
             began[f] = t;
             if bits[f] > 0.0 {
                 active.push(f);
+                reshare = true;
             } else {
                 landing.push(Reverse(((t + latency(f)).to_bits(), f)));
             }

@@ -37,6 +37,7 @@ use monel_rc::congestion::{Controller, Dcqcn, DcqcnParams};
 
 use crate::cluster::Cluster;
 use crate::engine::event::{Job, Message, Progress, ReplayError};
+use crate::engine::flow::check_dependencies;
 pub use crate::engine::packet_params::*;
 use crate::radix::RadixHeap;
 use crate::topology::{LinkId, LinkKind};
@@ -974,25 +975,19 @@ pub fn simulate_dependent_flows(
             why: format!("{} dependency lists for {} flows", after.len(), flows.len()),
         });
     }
+    check_dependencies(flows.len(), |i| after.get(i).map_or(&[][..], Vec::as_slice)).map_err(
+        |e| PacketError::Invalid {
+            field: "packet.after",
+            why: e.to_string(),
+        },
+    )?;
     let mut waiting = vec![0u32; flows.len()];
     let mut children = vec![Vec::new(); flows.len()];
     for (i, deps) in after.iter().enumerate() {
+        waiting[i] = deps.len() as u32;
         for &d in deps {
-            if d >= flows.len() || d == i {
-                return Err(PacketError::Invalid {
-                    field: "packet.after",
-                    why: format!("flow {i} waits for flow {d} of {}", flows.len()),
-                });
-            }
-            waiting[i] += 1;
             children[d].push(i as u32);
         }
-    }
-    if !acyclic(&waiting, &children) {
-        return Err(PacketError::Invalid {
-            field: "packet.after",
-            why: "the dependencies form a cycle: some flows could never start".into(),
-        });
     }
     let start_ps: Vec<u64> = flows.iter().map(|f| ps(f.start_s)).collect();
     let first: Vec<usize> = (0..flows.len()).filter(|&i| waiting[i] == 0).collect();
@@ -1020,23 +1015,6 @@ pub fn simulate_dependent_flows(
         sim.push(start_ps[i], Kind::Start(i as u32));
     }
     sim.run()
-}
-
-/// Whether every flow can start: Kahn's order over the dependency counts.
-fn acyclic(waiting: &[u32], children: &[Vec<u32>]) -> bool {
-    let mut left = waiting.to_vec();
-    let mut ready: Vec<usize> = (0..left.len()).filter(|&i| left[i] == 0).collect();
-    let mut seen = 0;
-    while let Some(i) = ready.pop() {
-        seen += 1;
-        for &c in &children[i] {
-            left[c as usize] -= 1;
-            if left[c as usize] == 0 {
-                ready.push(c as usize);
-            }
-        }
-    }
-    seen == left.len()
 }
 
 /// Replays `jobs` (collective schedules, as [`crate::replay()`] does) packet by packet;
