@@ -48,9 +48,7 @@ def race(paths, rank, check):
             for _ in range(WARM):
                 p[s]()
         check(s)
-        med = {}
-        for name in paths:
-            med[name] = []
+        med = {name: [] for name in paths}
         for _ in range(ROUNDS):
             for name, p in paths.items():
                 med[name].append(timed(p[s], ITERS))

@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from monel import Communicator, InvalidArgumentError, MismatchError
+from monel import Communicator, InvalidArgumentError, MismatchError, MonelError
 
 # Arrays under this many bytes travel in one fused buffer per type; larger ones alone.
 FUSE_BELOW = 1 << 20
@@ -38,12 +38,49 @@ def comm() -> Communicator:
     return _COMM if _COMM is not None else init()
 
 
+def rank() -> int:
+    """This process's rank."""
+    return comm().rank
+
+
+def size() -> int:
+    """Ranks in the job."""
+    return comm().size
+
+
 def shutdown() -> None:
     """Finishes queued operations and leaves the job; `init` may join again."""
     global _COMM
     if _COMM is not None:
         _COMM.destroy()
         _COMM = None
+
+
+_BOTH: dict = {}
+
+
+def as_framework_error(e: MonelError, base: type, *args) -> Exception:
+    """`e` as an instance of a class that is both its Monel type and the framework's
+    exception `base` (built from `args`), so `except` clauses of either kind catch it."""
+    kind = type(e)
+    cls = _BOTH.get((kind, base))
+    if cls is None:
+        cls = _BOTH[(kind, base)] = type(kind.__name__, (base, kind),
+                                         {"__module__": base.__module__})
+    err = cls(*args)
+    if hasattr(e, "ranks"):
+        err.ranks = e.ranks
+    return err
+
+
+def reduce_present(grads: Sequence, reduce) -> list:
+    """`grads` with its non-None entries replaced by `reduce(list of them)` (a parameter
+    without a gradient keeps None)."""
+    present = [i for i, g in enumerate(grads) if g is not None]
+    out = list(grads)
+    for i, g in zip(present, reduce([grads[i] for i in present])):
+        out[i] = g
+    return out
 
 
 def aligned_empty(shape, dtype) -> np.ndarray:

@@ -28,20 +28,10 @@ from jax.experimental import io_callback
 
 from monel import InvalidArgumentError
 from monel import _frameworks as fw
-from monel._frameworks import init, shutdown
+from monel._frameworks import init, rank, shutdown, size
 
 __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "broadcast_parameters",
            "init", "rank", "reduce_scatter", "shutdown", "size"]
-
-
-def rank() -> int:
-    """This process's rank."""
-    return fw.comm().rank
-
-
-def size() -> int:
-    """Ranks in the job."""
-    return fw.comm().size
 
 
 def _traced(leaves) -> bool:

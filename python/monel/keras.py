@@ -21,20 +21,10 @@ import keras
 
 from monel import InvalidArgumentError
 from monel import _frameworks as fw
-from monel._frameworks import init, shutdown
+from monel._frameworks import init, rank, shutdown, size
 
 __all__ = ["BroadcastGlobalVariablesCallback", "DistributedOptimizer", "all_gather",
            "all_reduce", "broadcast", "broadcast_variables", "init", "rank", "shutdown", "size"]
-
-
-def rank() -> int:
-    """This process's rank."""
-    return fw.comm().rank
-
-
-def size() -> int:
-    """Ranks in the job."""
-    return fw.comm().size
 
 
 def _backend():
@@ -66,15 +56,6 @@ def broadcast(tree: Any, root: int = 0) -> Any:
     return _backend().broadcast(tree, root)
 
 
-def _reduce(grads: list, op: str) -> list:
-    present = [i for i, g in enumerate(grads) if g is not None]
-    reduced = _backend().all_reduce([grads[i] for i in present], op)
-    out = list(grads)
-    for i, g in zip(present, reduced):
-        out[i] = g
-    return out
-
-
 def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, op: str = "avg"):
     """A copy of `optimizer` (same class and configuration) that reduces the gradients over
     the ranks ("avg" by default, or "sum") before applying them. Pass it to `compile`."""
@@ -83,7 +64,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, op: str = "avg")
     base = type(optimizer)
 
     def apply(self, grads, trainable_variables=None):
-        return base.apply(self, _reduce(list(grads), op), trainable_variables)
+        return base.apply(self, fw.reduce_present(grads, lambda gs: all_reduce(gs, op)),
+                          trainable_variables)
 
     cls = type(base.__name__, (base,), {"apply": apply, "__module__": __name__,
                                         "__doc__": f"{base.__name__}, gradients reduced over "

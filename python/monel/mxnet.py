@@ -30,7 +30,7 @@ from mxnet.base import _LIB, check_call
 import monel
 from monel import InvalidArgumentError
 from monel import _frameworks as fw
-from monel._frameworks import init, shutdown
+from monel._frameworks import init, rank, shutdown, size
 
 __all__ = ["DistributedTrainer", "all_gather", "all_reduce", "all_reduce_", "all_to_all",
            "broadcast", "broadcast_", "broadcast_parameters", "init", "rank",
@@ -39,30 +39,9 @@ __all__ = ["DistributedTrainer", "all_gather", "all_reduce", "all_reduce_", "all
 NDArrays = Union[mx.nd.NDArray, Sequence[mx.nd.NDArray]]
 
 
-def rank() -> int:
-    """This process's rank."""
-    return fw.comm().rank
-
-
-def size() -> int:
-    """Ranks in the job."""
-    return fw.comm().size
-
-
-_BOTH: dict = {}
-
-
 def _as_mx(e: monel.MonelError) -> Exception:
     """`e` as a class that is both its Monel type and `mx.base.MXNetError`."""
-    kind = type(e)
-    cls = _BOTH.get(kind)
-    if cls is None:
-        cls = _BOTH[kind] = type(kind.__name__, (mx.base.MXNetError, kind),
-                                 {"__module__": __name__})
-    err = cls(str(e))
-    if hasattr(e, "ranks"):
-        err.ranks = e.ranks
-    return err
+    return fw.as_framework_error(e, mx.base.MXNetError, str(e))
 
 
 def _surfaced(fn):

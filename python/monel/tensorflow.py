@@ -36,20 +36,10 @@ import tensorflow as tf
 import monel
 from monel import InvalidArgumentError
 from monel import _frameworks as fw
-from monel._frameworks import init, shutdown
+from monel._frameworks import init, rank, shutdown, size
 
 __all__ = ["DistributedGradientTape", "all_gather", "all_reduce", "all_to_all", "broadcast",
            "broadcast_variables", "init", "rank", "reduce_scatter", "shutdown", "size"]
-
-
-def rank() -> int:
-    """This process's rank."""
-    return fw.comm().rank
-
-
-def size() -> int:
-    """Ranks in the job."""
-    return fw.comm().size
 
 
 def _tensor(x: Any, what: str) -> tf.Tensor:
@@ -91,20 +81,12 @@ _AS_TF = (
     (monel.AbortedError, tf.errors.AbortedError),
     (monel.MonelError, tf.errors.UnknownError),
 )
-_BOTH: dict = {}
 
 
 def _as_tf(e: monel.MonelError) -> Exception:
     """`e` as a class that is both its Monel type and the matching `tf.errors` type."""
-    kind = type(e)
-    cls = _BOTH.get(kind)
-    if cls is None:
-        base = next(t for m, t in _AS_TF if issubclass(kind, m))
-        cls = _BOTH[kind] = type(kind.__name__, (base, kind), {"__module__": __name__})
-    err = cls(None, None, str(e))
-    if hasattr(e, "ranks"):
-        err.ranks = e.ranks
-    return err
+    base = next(t for m, t in _AS_TF if isinstance(e, m))
+    return fw.as_framework_error(e, base, None, None, str(e))
 
 
 def _in_graph(host_fn):
@@ -207,11 +189,7 @@ class DistributedGradientTape:
 
     def gradient(self, target, sources, output_gradients=None, **kwargs):
         grads = self._tape.gradient(target, sources, output_gradients, **kwargs)
-        flat = tf.nest.flatten(grads, expand_composites=False)
-        present = [i for i, g in enumerate(flat) if g is not None]
-        reduced = all_reduce([flat[i] for i in present], self._op)
-        for i, g in zip(present, reduced):
-            flat[i] = g
+        flat = fw.reduce_present(tf.nest.flatten(grads), lambda gs: all_reduce(gs, self._op))
         return tf.nest.pack_sequence_as(grads, flat)
 
     def __getattr__(self, name: str):

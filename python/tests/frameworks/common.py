@@ -1,9 +1,10 @@
-"""What the framework tests share: run a training example as 1, 2 or 4 ranks and compare."""
+"""What the framework tests share: run a worker program of `workers.py` on several ranks
+and read what each rank found; run a training example as 1, 2 or 4 ranks and compare."""
 
 import json
 from pathlib import Path
 
-from conftest import EXAMPLES, assert_ok, launch
+from conftest import EXAMPLES, assert_ok, launch, results, run_ranks
 
 WORKERS = Path(__file__).resolve().parent / "workers.py"
 STEPS = 120  # 5 epochs of 24 global batches
@@ -30,3 +31,24 @@ def assert_same_training(ref: dict, got: dict, n: int) -> None:
     assert len(got["same_params"]) == STEPS and all(got["same_params"])
     assert got["losses"][-1] < got["losses"][0] / 4
     assert abs(got["accuracy"] - ref["accuracy"]) < 0.01 and got["accuracy"] > 0.9
+
+
+def collectives(worker: str, n: int, at_least: int) -> None:
+    """Every rank ran `worker`'s collective checks (each rank asserts its own results) and
+    made at least `at_least` of them."""
+    res = results(assert_ok(run_ranks(worker, n, 120, script=WORKERS)))
+    assert all(r["checks"] >= at_least for r in res), res
+
+
+def errors(worker: str, count: int) -> None:
+    """Each of `count` bad inputs raised its typed error on both ranks, and the job went on."""
+    res = results(assert_ok(run_ranks(worker, 2, 120, script=WORKERS)))
+    assert all(len(r["errors"]) == count for r in res), res
+
+
+def dead_peer(worker: str) -> None:
+    """The last of 3 ranks dies; the others name it within the timeout, in Monel's terms."""
+    outs = run_ranks(worker, 3, 120, env={"MONEL_TIMEOUT": "10"}, script=WORKERS)
+    assert outs[2][0] == 0
+    for r in results(assert_ok(outs[:2])):
+        assert r["monel"] and 2 in r["ranks"] and r["seconds"] < 15, r
