@@ -29,7 +29,7 @@ enum FabricCmd {
         /// Override the design's GPU count.
         #[arg(long)]
         gpus: Option<usize>,
-        /// Override the collective's algorithm (`ring`, `hier`, `tree`, ...).
+        /// Override the collective's algorithm (`auto`: NCCL's choice; `ring`, `hier`, `tree`, ...).
         #[arg(long)]
         algorithm: Option<String>,
     },
@@ -83,18 +83,31 @@ fn design(path: &Path, gpus: Option<usize>, algo: Option<&str>) -> anyhow::Resul
         .and_then(|s| s.to_str())
         .unwrap_or("design");
     let mut d = parse_design(&text, stem, gpus).with_context(|| path.display().to_string())?;
-    if let Some(name) = algo {
+    if let Some("auto") = algo {
+        d.choice = monel_fabric::tuner::nccl_choice(
+            &d.cluster,
+            d.spec.coll,
+            d.gpus,
+            d.spec.bytes,
+            d.spec.channels,
+        );
+        if let Some(c) = &d.choice {
+            d.spec.algo = c.algo;
+        }
+        d.name = format!("{} (auto)", d.name);
+    } else if let Some(name) = algo {
         let have: Vec<&str> = d.spec.coll.algorithms().iter().map(|a| a.name()).collect();
         let a = Algorithm::parse(name)
             .filter(|a| d.spec.coll.algorithms().contains(a))
             .with_context(|| {
                 format!(
-                    "--algorithm {name}: {} has {}",
+                    "--algorithm {name}: {} has auto, {}",
                     d.spec.coll.name(),
                     have.join(", ")
                 )
             })?;
         d.spec.algo = a;
+        d.choice = None;
         d.name = format!("{} ({})", d.name, a.name());
     }
     evaluate(d).with_context(|| path.display().to_string())

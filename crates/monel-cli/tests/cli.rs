@@ -623,7 +623,7 @@ fn fabric_plan_takes_an_algorithm_and_refuses_one_the_collective_lacks() {
     let (code, out) = monel(&["fabric", "plan", design, "--algorithm", "spiral"]);
     assert_ne!(code, 0, "{out}");
     assert!(
-        out.contains("--algorithm spiral: all_reduce has ring"),
+        out.contains("--algorithm spiral: all_reduce has auto, ring"),
         "{out}"
     );
 }

@@ -7,7 +7,8 @@
 //!              # "infiniband", radix = 64, link_speed = "400Gbps", link_latency = "600ns",
 //!              # oversubscription = 1 (leaf-spine), servers_per_unit (rail-optimized),
 //!              # spine_radix (chassis spines; default radix), tiers (fat-tree: 2 or 3)
-//! [collective] # op = "all_reduce", algorithm = "ring", size = "1GiB", dtype = "float32",
+//! [collective] # op = "all_reduce", algorithm = "auto" (what NCCL's tuner would run, per
+//!              # size) | "ring" | "tree" | ..., size = "1GiB", dtype = "float32",
 //!              # channels (default: GPUs per server)
 //! [training]   # forward, backward, optimizer (times), gradients, bucket (sizes); optional
 //! [prices]     # switch_port, nic, cable, optic; optional
@@ -38,6 +39,7 @@ use crate::engine::packet::{Ecn, FlowControl, PacketParams};
 use crate::error::{ConfigError, err};
 use crate::scenario::{Background, CollectiveSpec, Engine, Placement, Prices, Scenario, Training};
 use crate::topology::{FatTree, LeafSpine, RailOptimized, Routing};
+use crate::tuner::nccl_choice;
 use crate::units::{parse_bandwidth, parse_bytes, parse_time};
 
 /// Reads one table's keys, refusing unknown ones.
@@ -435,7 +437,7 @@ pub fn parse_design(text: &str, name: &str, gpus: Option<usize>) -> Result<Desig
         "collective",
         &["op", "algorithm", "size", "dtype", "channels"],
     )?;
-    let (coll, algo) = op_and_algorithm(&c)?;
+    let (coll, forced) = op_and_algorithm(&c)?;
     let elem_bytes = match c.choice(
         "dtype",
         &["float32", "bfloat16", "float16", "float64", "int8", "fp8"],
@@ -446,14 +448,21 @@ pub fn parse_design(text: &str, name: &str, gpus: Option<usize>) -> Result<Desig
         "int8" | "fp8" => 1,
         _ => 4,
     };
-    let spec = CollectiveSpec {
+    let mut spec = CollectiveSpec {
         coll,
-        algo,
+        algo: forced.unwrap_or(Algorithm::Ring),
         bytes: c.bytes("size", Some("1GiB"))?,
         elem_bytes,
         channels: c.int("channels", 1)?.unwrap_or(per),
         ranks: gpus,
     };
+    let choice = match forced {
+        Some(_) => None,
+        None => nccl_choice(&cluster, coll, gpus, spec.bytes, spec.channels),
+    };
+    if let Some(ch) = &choice {
+        spec.algo = ch.algo;
+    }
 
     let t = Section::new(
         &root,
@@ -491,12 +500,16 @@ pub fn parse_design(text: &str, name: &str, gpus: Option<usize>) -> Result<Desig
     let background = match bg.t {
         None => Vec::new(),
         Some(_) => {
-            let (coll, algo) = op_and_algorithm(&bg)?;
+            let (coll, forced) = op_and_algorithm(&bg)?;
+            let bytes = bg.bytes("size", Some("1GiB"))?;
+            let algo = forced
+                .or_else(|| nccl_choice(&cluster, coll, bg_gpus, bytes, per).map(|c| c.algo))
+                .unwrap_or(Algorithm::Ring);
             vec![Background {
                 spec: CollectiveSpec {
                     coll,
                     algo,
-                    bytes: bg.bytes("size", Some("1GiB"))?,
+                    bytes,
                     elem_bytes,
                     channels: per,
                     ranks: bg_gpus,
@@ -510,6 +523,7 @@ pub fn parse_design(text: &str, name: &str, gpus: Option<usize>) -> Result<Desig
         transport,
         cluster,
         spec,
+        choice,
         training,
         prices,
         overhead_s: sim.secs("overhead", Some("2us"))?,
@@ -525,8 +539,9 @@ pub fn parse_design(text: &str, name: &str, gpus: Option<usize>) -> Result<Desig
     })
 }
 
-/// The `op` and `algorithm` keys of a collective's section.
-fn op_and_algorithm(c: &Section<'_>) -> Result<(Collective, Algorithm), ConfigError> {
+/// The `op` and `algorithm` keys of a collective's section: the algorithm forced, or `None`
+/// for NCCL's choice (`auto`, the default; all-to-all has one algorithm, direct).
+fn op_and_algorithm(c: &Section<'_>) -> Result<(Collective, Option<Algorithm>), ConfigError> {
     let kinds = [
         CollectiveKind::AllReduce,
         CollectiveKind::AllGather,
@@ -539,21 +554,26 @@ fn op_and_algorithm(c: &Section<'_>) -> Result<(Collective, Algorithm), ConfigEr
     let coll = CollectiveKind::parse(c.choice("op", &names, "all_reduce")?)
         .expect("listed")
         .with(RedOp::Sum, 0);
-    let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
-    let algo = Algorithm::parse(c.choice("algorithm", &names, "ring")?).expect("listed");
+    let mut names: Vec<&str> = vec!["auto"];
+    names.extend(Algorithm::ALL.iter().map(|a| a.name()));
+    let algo = match c.choice("algorithm", &names, "auto")? {
+        "auto" if coll.algorithms().len() == 1 => coll.algorithms()[0],
+        "auto" => return Ok((coll, None)),
+        name => Algorithm::parse(name).expect("listed"),
+    };
     if !coll.algorithms().contains(&algo) {
         let have: Vec<&str> = coll.algorithms().iter().map(|a| a.name()).collect();
         return Err(err(
             c.field("algorithm"),
             format!(
-                "{} has no {}: want one of {}",
+                "{} has no {}: want auto or one of {}",
                 coll.name(),
                 algo.name(),
                 have.join(", ")
             ),
         ));
     }
-    Ok((coll, algo))
+    Ok((coll, Some(algo)))
 }
 
 /// The packet engine's settings from `[fabric]` and `[congestion]`.

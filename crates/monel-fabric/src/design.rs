@@ -3,6 +3,7 @@
 
 use crate::cluster::Cluster;
 use crate::scenario::{CollectiveSpec, Engine, Prices, Scenario, Training};
+use crate::tuner::Choice;
 
 /// Fabric transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +27,9 @@ pub struct Design {
     pub cluster: Cluster,
     /// The collective to predict.
     pub spec: CollectiveSpec,
+    /// Why its algorithm was chosen, when NCCL's tuner chose it (`algorithm = "auto"`);
+    /// `None` when the design forced one. Training buckets are chosen for by size too.
+    pub choice: Option<Choice>,
     /// A training step, if given.
     pub training: Option<Training>,
     /// Prices, if given.

@@ -24,6 +24,7 @@ mod report;
 pub mod scenario;
 pub mod topology;
 pub mod traffic;
+pub mod tuner;
 pub mod units;
 
 pub use cluster::{Cluster, Server};

@@ -36,6 +36,7 @@ pub fn evaluate(design: Design) -> Result<Report, ConfigError> {
                 coll: Collective::AllReduce(RedOp::Sum),
                 ..d.spec.clone()
             },
+            d.choice.is_some(),
             d.engine,
             d.overhead_s,
             &d.scenario,
@@ -89,7 +90,7 @@ impl fmt::Display for Report {
             c.server.nics,
             c.server.gpus / c.server.nics
         )?;
-        let chans = if d.spec.algo == Algorithm::Ring {
+        let chans = if matches!(d.spec.algo, Algorithm::Ring | Algorithm::Tree) {
             format!(", {} channels", d.spec.channels)
         } else {
             String::new()
@@ -110,6 +111,14 @@ impl fmt::Display for Report {
                 _ => "lockstep",
             }
         )?;
+        match &d.choice {
+            Some(ch) => writeln!(f, "  algorithm: {ch}")?,
+            None => writeln!(
+                f,
+                "  algorithm: {} (forced by the design)",
+                d.spec.algo.name()
+            )?,
+        }
         let utilization = |u: Option<f64>| {
             u.map(|u| format!("{:.1}%", 100.0 * u))
                 .unwrap_or_else(|| "n/a (one switch)".into())
@@ -184,15 +193,21 @@ impl fmt::Display for Report {
             )?,
         }
         if let Some(s) = &self.step {
+            let algos: Vec<String> = s
+                .algorithms
+                .iter()
+                .map(|(b, a)| format!("{} B by {}", b, a.name()))
+                .collect();
             writeln!(
                 f,
                 "  training step: {:.2} ms (compute {:.2} ms, exposed communication {:.2} ms; \
-                 {} buckets, all-reduce {:.2} ms in all)",
+                 {} buckets, all-reduce {:.2} ms in all; {})",
                 s.step_s * 1e3,
                 s.compute_s * 1e3,
                 s.exposed_s * 1e3,
                 s.buckets,
-                s.allreduce_s * 1e3
+                s.allreduce_s * 1e3,
+                algos.join(", ")
             )?;
         }
         if let Some(k) = &self.cost {

@@ -13,6 +13,7 @@ use crate::engine::event::{Job, replay};
 use crate::engine::lockstep::{Lockstep, SymJob, Symmetry, lockstep, symmetric};
 use crate::engine::packet::{PacketParams, PacketReport, simulate_jobs};
 use crate::error::{PlanError, invalid};
+use crate::tuner::nccl_choice;
 
 /// Which engine runs a collective.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,13 +172,19 @@ impl Scenario {
 /// Packets above which the packet engine refuses a collective (about a minute of work).
 pub const PACKET_ENGINE_MAX_PACKETS: u64 = 100_000_000;
 
+/// Elements per slice of pipelined schedules (the tree's, the chains').
+const TREE_SLICE: usize = 1 << 17;
+
 /// The schedules that describe every rank, and how (see [`symmetric`]).
 type Symmetric = (Vec<Schedule>, Symmetry);
 
 /// A collective cut into channels and placed: what every engine replays.
 struct Placed<'a> {
     spec: &'a CollectiveSpec,
+    /// Ranks the schedules run on: the job's, or its servers' for NCCL's tree.
     n: usize,
+    /// GPUs of each server in the chain of NCCL's tree (0: no chain).
+    chain: usize,
     /// Ranks per server, for the hierarchical AllReduce (ranks sit server by server).
     per_host: usize,
     /// Rank order of the schedules: the ranks' own (placement is in `gpus`).
@@ -195,7 +202,7 @@ impl Placed<'_> {
             self.n,
             r,
             count,
-            1 << 17,
+            TREE_SLICE,
             false,
             &self.order,
             self.per_host,
@@ -214,6 +221,50 @@ impl Placed<'_> {
         Ok(())
     }
 
+    /// The lockstep engine's jobs: described by their symmetry, or (NCCL's tree, whose
+    /// slices move in steps but whose ranks differ) by every rank's own schedule.
+    fn lockstep_jobs(
+        &self,
+        made: &mut HashMap<usize, Symmetric>,
+    ) -> Result<Vec<SymJob>, PlanError> {
+        if self.chain > 0 {
+            return Ok(self
+                .jobs()?
+                .into_iter()
+                .map(|j| SymJob {
+                    symmetry: Symmetry::Hosts(self.n),
+                    gpus: j.gpus,
+                    schedules: j.schedules,
+                    rail: j.rail,
+                    elem_bytes: j.elem_bytes,
+                    pipelined: true,
+                })
+                .collect());
+        }
+        self.symmetric(made)?;
+        Ok(self.sym_jobs(made))
+    }
+
+    /// Whether the lockstep engine can run it.
+    fn steps_in_lockstep(&self, made: &mut HashMap<usize, Symmetric>) -> bool {
+        self.chain > 0 || self.symmetric(made).is_ok()
+    }
+
+    /// NCCL's tree inside servers: every channel's slices climb and descend a chain through
+    /// the server's GPUs over NVLink, around the tree between servers that `net_s` timed.
+    /// The chain adds its pipeline fill (a slice and an overhead per hop, up and down), and
+    /// NVLink's own time where it, not the network, is the slower.
+    fn with_chain(&self, cluster: &Cluster, overhead_s: f64, net_s: f64) -> f64 {
+        if self.chain <= 1 {
+            return net_s;
+        }
+        let nv = cluster.server.nvlink_bps;
+        let count = self.counts.iter().copied().max().unwrap_or(0);
+        let slice = (TREE_SLICE.min(count.div_ceil(2)) * self.spec.elem_bytes) as f64 * 8.0;
+        let fill = 2.0 * (self.chain - 1) as f64 * (overhead_s + slice / nv);
+        net_s.max(self.spec.bytes as f64 * 8.0 / nv) + fill
+    }
+
     fn sym_jobs(&self, made: &HashMap<usize, Symmetric>) -> Vec<SymJob> {
         self.counts
             .iter()
@@ -226,6 +277,7 @@ impl Placed<'_> {
                     symmetry: sym,
                     rail: self.rails[c],
                     elem_bytes: self.spec.elem_bytes,
+                    pipelined: false,
                 }
             })
             .collect()
@@ -265,6 +317,9 @@ fn ranks_of(cluster: &Cluster, spec: &CollectiveSpec) -> Result<usize, PlanError
 }
 
 /// Places `spec` on `servers` (the job's rank `i` on GPU `i % per` of its `i / per`-th).
+/// Rings run one per channel, each on its NIC rail; NCCL's tree (the tree AllReduce on more
+/// than one server) runs per channel between one GPU of each server, the one beside the
+/// channel's rail, and chains through the others (see [`Placed::with_chain`]).
 fn place<'a>(
     cluster: &Cluster,
     spec: &'a CollectiveSpec,
@@ -272,12 +327,19 @@ fn place<'a>(
 ) -> Result<Placed<'a>, PlanError> {
     let n = ranks_of(cluster, spec)?;
     let per = cluster.server.gpus;
+    let nics = cluster.server.nics;
     let global = |g: usize| servers[g / per] * per + g % per;
     if spec.elem_bytes == 0 {
         return Err(invalid("elem_bytes", "want at least 1"));
     }
     let ring = spec.algo == Algorithm::Ring;
-    let channels = if ring { spec.channels.max(1) } else { 1 };
+    let nodes = n.div_ceil(per);
+    let tree = spec.algo == Algorithm::Tree && nodes > 1;
+    let channels = if ring || tree {
+        spec.channels.max(1)
+    } else {
+        1
+    };
     let elems = spec.bytes / spec.elem_bytes as u64;
     let per_rank = match spec.coll {
         Collective::AllGather | Collective::ReduceScatter(_) | Collective::AllToAll => {
@@ -297,23 +359,35 @@ fn place<'a>(
     let counts: Vec<usize> = (0..channels)
         .map(|c| per_rank / channels + usize::from(c < per_rank % channels))
         .collect();
+    let last = n - (nodes - 1) * per;
+    let gpus = (0..channels)
+        .map(|c| {
+            let order: Vec<usize> = if tree {
+                let local = (c % nics) * per / nics;
+                (0..nodes)
+                    .map(|s| {
+                        let here = if s + 1 == nodes { last } else { per };
+                        s * per + local.min(here - 1)
+                    })
+                    .collect()
+            } else if ring {
+                channel_order(cluster, n, c, channels)
+            } else {
+                (0..n).collect()
+            };
+            order.into_iter().map(global).collect()
+        })
+        .collect();
+    let tn = if tree { nodes } else { n };
     let placed = Placed {
         spec,
-        n,
+        n: tn,
+        chain: if tree { per.min(n) } else { 0 },
         per_host: per,
-        order: (0..n).collect(),
-        gpus: (0..channels)
-            .map(|c| {
-                let order = if ring {
-                    channel_order(cluster, n, c, channels)
-                } else {
-                    (0..n).collect()
-                };
-                order.into_iter().map(global).collect()
-            })
-            .collect(),
+        order: (0..tn).collect(),
+        gpus,
         rails: (0..channels)
-            .map(|c| ring.then_some(c % cluster.server.nics))
+            .map(|c| (ring || tree).then_some(c % nics))
             .collect(),
         counts,
     };
@@ -350,7 +424,7 @@ pub fn run_scenario(
     }
     let servers = scenario.servers(cluster, &ranks)?;
     let main = place(cluster, spec, &servers[0])?;
-    let n = main.n;
+    let n = ranks[0];
     let mut all = vec![main];
     for (b, s) in scenario.background.iter().zip(&servers[1..]) {
         all.push(place(cluster, &b.spec, s)?);
@@ -363,7 +437,7 @@ pub fn run_scenario(
             let ok = all
                 .iter()
                 .zip(&mut made)
-                .all(|(p, m)| p.symmetric(m).is_ok());
+                .all(|(p, m)| p.steps_in_lockstep(m));
             if ok { Engine::Lockstep } else { Engine::Event }
         }
         e => e,
@@ -375,8 +449,7 @@ pub fn run_scenario(
         Engine::Lockstep | Engine::Auto => {
             let mut jobs = Vec::new();
             for (p, m) in all.iter().zip(&mut made) {
-                p.symmetric(m)?;
-                jobs.extend(p.sym_jobs(m));
+                jobs.extend(p.lockstep_jobs(m)?);
             }
             let l = lockstep(cluster, &jobs, overhead_s)?;
             let t = l.job_time_s.clone();
@@ -436,6 +509,16 @@ pub fn run_scenario(
             t
         }
     };
+    let mut job_times = job_times.into_iter();
+    let job_times: Vec<f64> = all
+        .iter()
+        .flat_map(|p| {
+            (&mut job_times)
+                .take(p.counts.len())
+                .map(|t| p.with_chain(cluster, overhead_s, t))
+                .collect::<Vec<_>>()
+        })
+        .collect();
     let time_s = job_times[..main_jobs].iter().copied().fold(0.0, f64::max);
     let algbw = if time_s > 0.0 {
         spec.bytes as f64 / time_s
@@ -483,14 +566,18 @@ pub struct StepReport {
     pub allreduce_s: f64,
     /// Buckets.
     pub buckets: usize,
+    /// The algorithm each bucket size ran (NCCL's choice, or the one forced).
+    pub algorithms: Vec<(u64, Algorithm)>,
 }
 
 /// Predicts a training step whose buckets are all-reduced with `spec` (its size is ignored)
-/// in `scenario`.
+/// in `scenario`; with `tune`, each bucket size takes the algorithm NCCL's tuner would
+/// (see [`crate::tuner`]) instead of `spec`'s.
 pub fn training_step(
     cluster: &Cluster,
     t: &Training,
     spec: &CollectiveSpec,
+    tune: bool,
     engine: Engine,
     overhead_s: f64,
     scenario: &Scenario,
@@ -516,17 +603,25 @@ pub fn training_step(
         sizes.push(t.gradient_bytes % t.bucket_bytes);
     }
     let mut memo: HashMap<u64, f64> = HashMap::new();
+    let mut algorithms = Vec::new();
     let (mut done, mut ready_bytes, mut total) = (0.0f64, 0u64, 0.0);
     for &b in &sizes {
         let dt = match memo.get(&b) {
             Some(&x) => x,
             None => {
-                let s = CollectiveSpec {
+                let mut s = CollectiveSpec {
                     bytes: b,
                     ..spec.clone()
                 };
+                if tune {
+                    let n = ranks_of(cluster, &s)?;
+                    if let Some(c) = nccl_choice(cluster, s.coll, n, b, s.channels) {
+                        s.algo = c.algo;
+                    }
+                }
                 let x = run_scenario(cluster, &s, engine, overhead_s, scenario)?.time_s;
                 memo.insert(b, x);
+                algorithms.push((b, s.algo));
                 x
             }
         };
@@ -543,6 +638,7 @@ pub fn training_step(
         exposed_s: step - compute,
         allreduce_s: total,
         buckets: sizes.len(),
+        algorithms,
     })
 }
 

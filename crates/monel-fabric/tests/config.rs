@@ -263,3 +263,56 @@ fn flow_level_plans_warn_where_lossless_links_are_shared() {
             .contains("warning: flows collide")
     );
 }
+
+#[test]
+fn auto_runs_what_nccls_tuner_would_and_a_forced_algorithm_stays() {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/fabric/roce-leaf-spine.toml");
+    let text = std::fs::read_to_string(p).unwrap();
+    assert!(text.contains("algorithm = \"auto\""));
+    // 4096 GPUs: trees, for the 1 GiB collective and for every 25 MiB bucket.
+    let r = evaluate(parse_design(&text, "t", None).unwrap()).unwrap();
+    assert_eq!(r.design.spec.algo, monel_sched::plan::Algorithm::Tree);
+    let step = r.step.as_ref().unwrap();
+    assert!(
+        step.algorithms
+            .iter()
+            .all(|(_, a)| *a == monel_sched::plan::Algorithm::Tree),
+        "{step:?}"
+    );
+    let out = r.to_string();
+    assert!(
+        out.contains("algorithm: tree/")
+            && out.contains("by NCCL's tuning model")
+            && out.contains("against ring/"),
+        "{out}"
+    );
+    // Forced to the flat ring, the same step exposes over a second of communication; NCCL's
+    // choice hides nearly all of it behind backward.
+    let ring = text.replace("algorithm = \"auto\"", "algorithm = \"ring\"");
+    let forced = evaluate(parse_design(&ring, "t", None).unwrap()).unwrap();
+    let forced_step = forced.step.as_ref().unwrap();
+    assert!(forced_step.exposed_s > 1.0, "{forced_step:?}");
+    assert!(step.exposed_s < 0.01 * forced_step.exposed_s, "{step:?}");
+    assert!(
+        forced
+            .to_string()
+            .contains("algorithm: ring (forced by the design)")
+    );
+    // Two servers: the ring's bandwidth wins at 1 GiB.
+    let d = parse_design(&text, "t", Some(16)).unwrap();
+    assert_eq!(d.spec.algo, monel_sched::plan::Algorithm::Ring);
+    assert!(d.choice.is_some());
+    // All-to-all has one algorithm; a made-up one names auto among the choices.
+    let a2a = format!("{BASE}[collective]\nop = \"alltoall\"\n");
+    assert_eq!(
+        parse_design(&a2a, "t", None).unwrap().spec.algo,
+        monel_sched::plan::Algorithm::Direct
+    );
+    let e = error(&format!("{BASE}[collective]\nalgorithm = \"spiral\"\n"));
+    assert!(e.to_string().contains("auto, ring"), "{e}");
+    let e = error(&format!(
+        "{BASE}[collective]\nop = \"broadcast\"\nalgorithm = \"tree\"\n"
+    ));
+    assert!(e.to_string().contains("want auto or one of ring"), "{e}");
+}

@@ -256,21 +256,34 @@ fn ecmp_collisions_are_counted() {
 }
 
 #[test]
-fn tree_is_not_symmetric_and_runs_on_the_event_engine() {
-    let c = Cluster::plain(leaf_spine(1, 12, 0, 100e9, 1e-6));
-    let spec = CollectiveSpec {
-        algo: Algorithm::Tree,
-        ..allreduce(8 << 20, 1)
-    };
-    let auto = run_collective(&c, &spec, Engine::Auto, 1e-6).unwrap();
-    assert_eq!(auto.engine, Engine::Event);
-    let e = run_collective(&c, &spec, Engine::Lockstep, 1e-6).unwrap_err();
-    assert!(e.to_string().contains("not rank-symmetric"), "{e}");
-    // Nor host by host, on servers of several GPUs.
-    let server = server(4);
-    let c = Cluster::new(leaf_spine(1, 16, 0, 100e9, 1e-6), server).unwrap();
-    let auto = run_collective(&c, &spec, Engine::Auto, 1e-6).unwrap();
-    assert_eq!(auto.engine, Engine::Event);
+fn nccl_tree_runs_in_lockstep_and_agrees_with_the_event_engine() {
+    // Servers of 1 GPU (the tree between servers is the whole tree), of 4 and of 8 GPUs
+    // (chains inside servers), two leaves under two spines, sizes from latency- to
+    // bandwidth-bound.
+    for (per, servers, channels) in [(1usize, 16usize, 1usize), (4, 8, 4), (8, 8, 2)] {
+        let c = Cluster::new(
+            leaf_spine(2, servers * per / 2, 2, 100e9, 1e-6),
+            server(per),
+        )
+        .unwrap();
+        for bytes in [1u64 << 20, 16 << 20, 64 << 20] {
+            let spec = CollectiveSpec {
+                algo: Algorithm::Tree,
+                ..allreduce(bytes, channels)
+            };
+            let l = run_collective(&c, &spec, Engine::Auto, 2e-6).unwrap();
+            assert_eq!(l.engine, Engine::Lockstep);
+            let e = run_collective(&c, &spec, Engine::Event, 2e-6).unwrap();
+            let err = l.time_s / e.time_s - 1.0;
+            println!(
+                "{servers} servers x {per}, {bytes} B: lockstep {:.1} us, event {:.1} us ({:+.1} %)",
+                l.time_s * 1e6,
+                e.time_s * 1e6,
+                100.0 * err
+            );
+            assert!(err.abs() < 0.16, "{err}");
+        }
+    }
 }
 
 #[test]
@@ -287,6 +300,7 @@ fn training_overlaps_buckets_with_backward() {
         &c,
         &t,
         &allreduce(0, 1),
+        false,
         Engine::Auto,
         1e-6,
         &Scenario::default(),
@@ -308,6 +322,7 @@ fn training_overlaps_buckets_with_backward() {
             ..t
         },
         &allreduce(0, 1),
+        false,
         Engine::Auto,
         0.0,
         &Scenario::default(),

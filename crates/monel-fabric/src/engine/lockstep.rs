@@ -25,7 +25,7 @@ use monel_sched::schedule::{Op, Schedule};
 
 use crate::cluster::Cluster;
 use crate::engine::event::{ReplayError, sport};
-use crate::engine::flow::drain;
+use crate::engine::flow::{drain, max_min_rates_by};
 use crate::topology::{LinkId, LinkKind};
 
 /// How rank r's peers follow from rank 0's (or, on hosts, from its own host's first).
@@ -72,6 +72,11 @@ pub struct SymJob {
     pub rail: Option<usize>,
     /// Bytes per element.
     pub elem_bytes: usize,
+    /// Whether its steps overlap in a pipeline (a tree's slices): a step's messages then
+    /// keep the max-min rates they hold together, as in the pipeline's steady state, where
+    /// the next step's messages take up what a finished one frees. Otherwise a step drains
+    /// (rates re-shared as messages finish).
+    pub pipelined: bool,
 }
 
 /// Checks that the schedules `sched(r)` of an `n`-rank collective are rank-symmetric, on a
@@ -386,7 +391,12 @@ fn step_cost(
         return cost;
     }
     let at = |f: usize| &path[start[f]..start[f + 1]];
-    let done = drain(cluster.capacity(), &bits, at);
+    let done = if jobs.iter().all(|j| j.pipelined) {
+        let rates = max_min_rates_by(cluster.capacity(), bits.len(), at);
+        bits.iter().zip(&rates).map(|(b, r)| b / r).collect()
+    } else {
+        drain(cluster.capacity(), &bits, at)
+    };
     let kind = &cluster.fabric.kind;
     let mut share: HashMap<LinkId, usize> = HashMap::new();
     for f in 0..bits.len() {
