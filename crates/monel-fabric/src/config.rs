@@ -14,7 +14,8 @@
 //! [prices]     # switch_port, nic, cable, optic; optional
 //!              # packet engine: mtu = "4KiB", switch_buffer = "32MiB", flow_control =
 //!              # "pfc" | "lossy" (RoCE) | "credits" (InfiniBand), adaptive_routing = false,
-//!              # header_bytes = 78 (wire bytes per packet beyond the payload), PFC:
+//!              # header_bytes = 78 (wire bytes per packet beyond the payload), acks =
+//!              # false (true: an ACK of header_bytes back per data packet), PFC:
 //!              # pfc_alpha = 0.125 (dynamic threshold, of the free buffer) or pfc_threshold
 //!              # (a fixed size per ingress port), pfc_resume = "8348B" (below the threshold)
 //! [congestion] # RoCE: algorithm = "dcqcn" | "none", ecn_kmin, ecn_kmax (sizes), ecn_pmax
@@ -286,6 +287,7 @@ pub fn parse_design(text: &str, name: &str, gpus: Option<usize>) -> Result<Desig
             "flow_control",
             "adaptive_routing",
             "header_bytes",
+            "acks",
             "pfc_alpha",
             "pfc_resume",
             "pfc_threshold",
@@ -625,6 +627,7 @@ fn packet_params(
         }
         p.header_bytes = h as u32;
     }
+    p.acks = f.bool("acks")?.unwrap_or(false);
     if let Some(a) = f.num("pfc_alpha")? {
         if !(a > 0.0 && a.is_finite()) {
             return Err(err(

@@ -466,16 +466,24 @@ impl Fabric {
         }
     }
 
-    /// The spine (top-tier switch, counted from 0) a flow from endpoint `src` to `dst` with
-    /// UDP source port `sport` turns around at, if it leaves its leaf.
+    /// The switch a flow from endpoint `src` to `dst` with UDP source port `sport` turns
+    /// around at, if it leaves its leaf, counted from 0 in its own tier: a spine of a
+    /// leaf-spine; in a 3-tier fat-tree, a core switch between pods and an aggregation switch
+    /// (numbered across pods) inside one.
     pub fn spine_of(&self, src: usize, dst: usize, sport: u16) -> Option<usize> {
         let path = self.path(src, dst, sport);
         if path.len() <= 2 {
             return None;
         }
+        let mut first = self.endpoints;
         let top = self.head[path[path.len() / 2 - 1]];
-        let first_top = self.up.len() - self.switches_per_tier.last().copied().unwrap_or(0);
-        Some(top - first_top)
+        for &n in &self.switches_per_tier {
+            if top < first + n {
+                return Some(top - first);
+            }
+            first += n;
+        }
+        None
     }
 
     /// The links from endpoint `src` to endpoint `dst` (empty from an endpoint to itself).

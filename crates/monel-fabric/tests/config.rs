@@ -316,3 +316,20 @@ fn auto_runs_what_nccls_tuner_would_and_a_forced_algorithm_stays() {
     ));
     assert!(e.to_string().contains("want auto or one of ring"), "{e}");
 }
+
+#[test]
+fn acks_are_off_unless_the_design_turns_them_on() {
+    let d = parse_design(BASE, "t", None).unwrap();
+    assert!(!d.scenario.packet.unwrap().acks);
+    let on = BASE.replace("radix = 16\n", "radix = 16\nacks = true\n");
+    assert!(
+        parse_design(&on, "t", None)
+            .unwrap()
+            .scenario
+            .packet
+            .unwrap()
+            .acks
+    );
+    let e = error(&BASE.replace("radix = 16\n", "radix = 16\nacks = \"yes\"\n"));
+    assert_eq!(e.field, "fabric.acks", "{e}");
+}

@@ -354,3 +354,39 @@ fn bad_settings_name_the_field() {
         .to_string();
     assert!(e.contains("GPU 0 -> 7 outside"), "{e}");
 }
+
+#[test]
+fn acks_ride_back_and_slow_opposite_data_by_their_share() {
+    let (bps, lat) = (100e9, 1e-6);
+    let c = one_switch(2, bps, lat);
+    let mut p = bare(PacketParams::roce(bps));
+    let bytes = 4u64 << 20;
+    let packets = bytes.div_ceil(u64::from(p.mtu));
+    // One flow: its ACKs use the idle reverse links, so it is no slower, and every data
+    // packet is acknowledged once.
+    let one = [flow(0, 1, bytes, 0.0)];
+    let off = simulate_flows(&c, &one, &p).unwrap();
+    assert_eq!(off.acks, 0);
+    p.acks = true;
+    let on = simulate_flows(&c, &one, &p).unwrap();
+    assert_eq!((on.packets, on.acks), (packets, packets));
+    assert!((on.flow_done_s[0] - off.flow_done_s[0]).abs() < 1e-9);
+    // Two flows the opposite ways: each one's links also carry the other's ACKs, one
+    // header's worth per packet; they finish later by about that share, never less.
+    let two = [flow(0, 1, bytes, 0.0), flow(1, 0, bytes, 0.0)];
+    p.acks = false;
+    let off = simulate_flows(&c, &two, &p).unwrap();
+    p.acks = true;
+    let on = simulate_flows(&c, &two, &p).unwrap();
+    let share = f64::from(p.header_bytes) / f64::from(p.mtu + p.header_bytes);
+    for f in 0..2 {
+        let slower = on.flow_done_s[f] / off.flow_done_s[f] - 1.0;
+        assert!(
+            slower > 0.5 * share && slower < 1.5 * share,
+            "flow {f}: {:+.3} % against an ACK share of {:.3} %",
+            100.0 * slower,
+            100.0 * share
+        );
+    }
+    assert_eq!(on.drops, 0);
+}

@@ -124,6 +124,8 @@ struct QpInfo {
     last_cnp: u64,
     timer_at: u64,
     reverse_ps: u64,
+    /// The path its receiver's ACKs take back (`NONE` without ACKs).
+    ack_path: u32,
     /// Payload bytes delivered (counted only when sampling), and at the last sample.
     delivered: u64,
     sampled: u64,
@@ -330,6 +332,13 @@ impl<'a> Sim<'a> {
                     .map(|p| Dcqcn::shared(p.clone()));
                 let q = self.qps.len() as u32;
                 let pid = self.intern(&path);
+                let ack_path = if self.p.acks {
+                    // Back the way the data came: every link's other direction.
+                    let back: Vec<LinkId> = path.iter().rev().map(|&l| l ^ 1).collect();
+                    self.intern(&back)
+                } else {
+                    NONE
+                };
                 self.info.push(QpInfo {
                     src_ep: tails_src.unwrap_or(usize::MAX),
                     dst_ep: fabric.last().map_or(usize::MAX, |&l| f.head(l)),
@@ -338,6 +347,7 @@ impl<'a> Sim<'a> {
                     last_cnp: 0,
                     timer_at: NEVER,
                     reverse_ps: ps(self.cluster.latency(&path)),
+                    ack_path,
                     delivered: 0,
                     sampled: 0,
                 });
@@ -608,6 +618,10 @@ impl<'a> Sim<'a> {
                 let at = self.now + self.links[l].latency_ps;
                 self.push(at, Kind::Credit(l as u32, p.wire));
             }
+            if p.msg == NONE {
+                return; // an ACK, home
+            }
+            self.acknowledge(&p);
             if self.p.sample_s.is_some() {
                 self.info[p.qp as usize].delivered += u64::from(p.payload);
             }
@@ -631,6 +645,9 @@ impl<'a> Sim<'a> {
         };
         let mut next = next as usize;
         if !self.admit(l, p.wire) {
+            if p.msg == NONE {
+                return; // a lost ACK: the next one covers it
+            }
             let at = self.now + ps(self.p.rto_s);
             self.push(at, Kind::Resend(p.qp, p.msg, p.payload));
             return;
@@ -645,6 +662,31 @@ impl<'a> Sim<'a> {
         link.queued += u64::from(p.wire);
         self.out.max_queue_bytes = self.out.max_queue_bytes.max(link.queued);
         self.kick(next);
+    }
+
+    /// Sends the ACK of data packet `p`, which just reached its receiver, ahead of the
+    /// receiver's own data at its NIC.
+    fn acknowledge(&mut self, p: &Pkt) {
+        let path = self.info[p.qp as usize].ack_path;
+        if path == NONE || self.hops[path as usize] == NONE {
+            return;
+        }
+        let ack = Pkt {
+            qp: p.qp,
+            msg: NONE,
+            payload: 0,
+            wire: self.p.header_bytes.max(1),
+            path,
+            hop: 0,
+            ecn: false,
+            ingress: NONE,
+        };
+        let l = self.hops[path as usize] as usize;
+        let link = &mut self.links[l];
+        link.queue.push_back(ack);
+        link.queued += u64::from(ack.wire);
+        self.out.acks += 1;
+        self.kick(l);
     }
 
     /// Adaptive routing at the node `l` leads to: the least-loaded uplink, if `next` is one.

@@ -88,6 +88,10 @@ pub struct PacketParams {
     pub seed: u64,
     /// Record every QP's rate and goodput this often, seconds.
     pub sample_s: Option<f64>,
+    /// Whether receivers acknowledge every data packet (RC's per-packet ACK, headers alone:
+    /// `header_bytes` on the wire) back along the reverse path, where ACKs queue with data
+    /// at switches and go first at the NIC; off: no reverse traffic.
+    pub acks: bool,
 }
 
 impl PacketParams {
@@ -111,6 +115,7 @@ impl PacketParams {
             rto_s: 100e-6,
             seed: 1,
             sample_s: None,
+            acks: false,
         }
     }
 
@@ -251,6 +256,8 @@ pub struct PacketReport {
     pub events: u64,
     /// Packets sent (retransmissions included).
     pub packets: u64,
+    /// ACKs sent (with `acks`).
+    pub acks: u64,
     /// Messages delivered.
     pub messages: usize,
     /// Payload bytes delivered across links.
