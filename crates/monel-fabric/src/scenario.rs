@@ -4,6 +4,7 @@
 //! network's price.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use monel_sched::plan::{Algorithm, Collective, schedule_ordered};
 use monel_sched::schedule::Schedule;
@@ -228,18 +229,32 @@ impl Placed<'_> {
         made: &mut HashMap<usize, Symmetric>,
     ) -> Result<Vec<SymJob>, PlanError> {
         if self.chain > 0 {
-            return Ok(self
-                .jobs()?
-                .into_iter()
-                .map(|j| SymJob {
+            // Channels of one count run the same schedules: built once, shared.
+            let mut built: HashMap<usize, Arc<Vec<Schedule>>> = HashMap::new();
+            let mut jobs = Vec::new();
+            for (c, &count) in self.counts.iter().enumerate() {
+                let schedules = match built.get(&count) {
+                    Some(s) => s.clone(),
+                    None => {
+                        let s = Arc::new(
+                            (0..self.n)
+                                .map(|r| self.sched(count, r))
+                                .collect::<Result<Vec<_>, _>>()?,
+                        );
+                        built.insert(count, s.clone());
+                        s
+                    }
+                };
+                jobs.push(SymJob {
                     symmetry: Symmetry::Hosts(self.n),
-                    gpus: j.gpus,
-                    schedules: j.schedules,
-                    rail: j.rail,
-                    elem_bytes: j.elem_bytes,
+                    gpus: self.gpus[c].clone(),
+                    schedules,
+                    rail: self.rails[c],
+                    elem_bytes: self.spec.elem_bytes,
                     pipelined: true,
-                })
-                .collect());
+                });
+            }
+            return Ok(jobs);
         }
         self.symmetric(made)?;
         Ok(self.sym_jobs(made))
@@ -273,7 +288,7 @@ impl Placed<'_> {
                 let (first, sym) = made[count].clone();
                 SymJob {
                     gpus: self.gpus[c].clone(),
-                    schedules: first,
+                    schedules: Arc::new(first),
                     symmetry: sym,
                     rail: self.rails[c],
                     elem_bytes: self.spec.elem_bytes,

@@ -20,6 +20,7 @@
 //! (tested).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use monel_sched::schedule::{Op, Schedule};
 
@@ -65,7 +66,7 @@ pub struct SymJob {
     /// GPU of each rank.
     pub gpus: Vec<usize>,
     /// Schedules of ranks 0 to period - 1.
-    pub schedules: Vec<Schedule>,
+    pub schedules: Arc<Vec<Schedule>>,
     /// How the other ranks' peers follow.
     pub symmetry: Symmetry,
     /// NIC rail for messages between servers (`None`: the destination GPU's own).
@@ -241,7 +242,7 @@ pub fn lockstep(
         .flat_map(|j| j.schedules.iter().map(|s| s.steps.len()))
         .max()
         .unwrap_or(0);
-    let mut memo: HashMap<Vec<(usize, usize, usize, usize)>, usize> = HashMap::new();
+    let mut memo: HashMap<(u64, u64), usize> = HashMap::new();
     let mut costs: Vec<StepCost> = Vec::new();
     let mut out = Lockstep {
         steps,
@@ -287,10 +288,9 @@ pub fn lockstep(
         .collect();
     let (mut crossing, mut collided) = (0usize, 0usize);
     for k in 0..steps {
-        let key: Vec<(usize, usize, usize, usize)> = jobs
-            .iter()
-            .enumerate()
-            .flat_map(|(j, job)| {
+        // The step's sends, in a fixed order: (job, schedule, peer, elements).
+        let sends = || {
+            jobs.iter().enumerate().flat_map(move |(j, job)| {
                 job.schedules
                     .iter()
                     .enumerate()
@@ -303,11 +303,24 @@ pub fn lockstep(
                         })
                     })
             })
-            .collect();
+        };
+        // Steps are told apart by a 128-bit fingerprint of their sends, so that a step
+        // already costed is recognised without building its list (a tree over thousands
+        // of servers sends hundreds of thousands of messages a step).
+        let key = sends().fold((0u64, 0x9e37_79b9_7f4a_7c15u64), |(a, b), (j, l, p, n)| {
+            [j, l, p, n].iter().fold((a, b), |(a, b), &x| {
+                let x = x as u64;
+                (
+                    (a.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95),
+                    (b.rotate_left(29) ^ x).wrapping_mul(0xff51_afd7_ed55_8ccd),
+                )
+            })
+        });
         let i = match memo.get(&key) {
             Some(&i) => i,
             None => {
-                costs.push(step_cost(cluster, jobs, &key, overhead_s));
+                let list: Vec<(usize, usize, usize, usize)> = sends().collect();
+                costs.push(step_cost(cluster, jobs, &list, overhead_s));
                 memo.insert(key, costs.len() - 1);
                 costs.len() - 1
             }
