@@ -252,16 +252,18 @@ pub struct SweepRow {
     pub max_flows_per_link: Option<usize>,
     /// PFC pause frames (packet engine).
     pub pfc_pauses: Option<u64>,
+    /// The collective's algorithm (NCCL's choice, or the one forced).
+    pub algorithm: &'static str,
 }
 
 impl SweepRow {
     /// CSV header.
-    pub const HEADER: &'static str = "design,gpus,time_ms,busbw_GBps,step_ms,exposed_ms,cost_per_gpu,fabric_utilization,max_flows_per_link,pfc_pauses";
+    pub const HEADER: &'static str = "design,gpus,time_ms,busbw_GBps,step_ms,exposed_ms,cost_per_gpu,fabric_utilization,max_flows_per_link,pfc_pauses,algorithm";
     /// This row in CSV.
     pub fn csv(&self) -> String {
         let o = |x: Option<f64>, k: f64| x.map(|v| format!("{:.4}", v * k)).unwrap_or_default();
         format!(
-            "{},{},{:.4},{:.3},{},{},{},{},{},{}",
+            "{},{},{:.4},{:.3},{},{},{},{},{},{},{}",
             self.design.replace(',', ";"),
             self.gpus,
             self.time_s * 1e3,
@@ -273,7 +275,8 @@ impl SweepRow {
             self.max_flows_per_link
                 .map(|m| m.to_string())
                 .unwrap_or_default(),
-            self.pfc_pauses.map(|m| m.to_string()).unwrap_or_default()
+            self.pfc_pauses.map(|m| m.to_string()).unwrap_or_default(),
+            self.algorithm
         )
     }
 }
@@ -300,6 +303,7 @@ impl From<&Report> for SweepRow {
                 .as_ref()
                 .map(|s| s.max_flows_per_fabric_link),
             pfc_pauses: r.outcome.packet.as_ref().map(|p| p.pauses),
+            algorithm: r.design.spec.algo.name(),
         }
     }
 }
