@@ -113,6 +113,12 @@ impl fmt::Display for Report {
         )?;
         match &d.choice {
             Some(ch) => writeln!(f, "  algorithm: {ch}")?,
+            None if d.spec.coll.algorithms().len() == 1 => writeln!(
+                f,
+                "  algorithm: {} (the only one {} has)",
+                d.spec.algo.name(),
+                d.spec.coll.name()
+            )?,
             None => writeln!(
                 f,
                 "  algorithm: {} (forced by the design)",

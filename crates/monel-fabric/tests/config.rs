@@ -305,9 +305,12 @@ fn auto_runs_what_nccls_tuner_would_and_a_forced_algorithm_stays() {
     assert!(d.choice.is_some());
     // All-to-all has one algorithm; a made-up one names auto among the choices.
     let a2a = format!("{BASE}[collective]\nop = \"alltoall\"\n");
-    assert_eq!(
-        parse_design(&a2a, "t", None).unwrap().spec.algo,
-        monel_sched::plan::Algorithm::Direct
+    let d = parse_design(&a2a, "t", None).unwrap();
+    assert_eq!(d.spec.algo, monel_sched::plan::Algorithm::Direct);
+    let out = evaluate(d).unwrap().to_string();
+    assert!(
+        out.contains("algorithm: direct (the only one alltoall has)"),
+        "{out}"
     );
     let e = error(&format!("{BASE}[collective]\nalgorithm = \"spiral\"\n"));
     assert!(e.to_string().contains("auto, ring"), "{e}");
