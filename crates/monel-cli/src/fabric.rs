@@ -84,16 +84,7 @@ fn design(path: &Path, gpus: Option<usize>, algo: Option<&str>) -> anyhow::Resul
         .unwrap_or("design");
     let mut d = parse_design(&text, stem, gpus).with_context(|| path.display().to_string())?;
     if let Some("auto") = algo {
-        d.choice = monel_fabric::tuner::nccl_choice(
-            &d.cluster,
-            d.spec.coll,
-            d.gpus,
-            d.spec.bytes,
-            d.spec.channels,
-        );
-        if let Some(c) = &d.choice {
-            d.spec.algo = c.algo;
-        }
+        d.choice = d.spec.tune(&d.cluster);
         d.name = format!("{} (auto)", d.name);
     } else if let Some(name) = algo {
         let have: Vec<&str> = d.spec.coll.algorithms().iter().map(|a| a.name()).collect();

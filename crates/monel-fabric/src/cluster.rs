@@ -194,6 +194,12 @@ impl Cluster {
         self.fabric.spine_of(ea, eb, sport)
     }
 
+    /// The links back along `path`, each crossed the other way (every cable, NVLink and
+    /// PCIe link is made as a pair: one direction at an even id, the other at the next).
+    pub fn reverse(&self, path: &[LinkId]) -> Vec<LinkId> {
+        path.iter().rev().map(|&l| l ^ 1).collect()
+    }
+
     /// Latency of a path.
     pub fn latency(&self, path: &[LinkId]) -> f64 {
         self.fabric.path_latency(path)
@@ -243,6 +249,34 @@ mod tests {
         assert_eq!(c.fabric.kind[p[0]], LinkKind::Host);
         assert_eq!(c.fabric.kind[p[1]], LinkKind::Edge);
         assert_eq!(c.fabric.kind[p[2]], LinkKind::Fabric);
+    }
+
+    #[test]
+    fn a_path_reversed_is_the_way_back() {
+        // One spine: every route is unique, so the way back is the route from b to a.
+        let fabric = LeafSpine {
+            leaves: 2,
+            hosts_per_leaf: 4,
+            spines: 1,
+            host_link_bps: 400e9,
+            spine_link_bps: 400e9,
+            link_latency_s: 1e-6,
+        }
+        .build()
+        .unwrap();
+        let server = Server {
+            gpus: 4,
+            nics: 2,
+            nvlink_bps: 3.6e12,
+            pcie_bps: 512e9,
+        };
+        let c = Cluster::new(fabric, server).unwrap();
+        for (a, b) in [(0, 1), (1, 6), (7, 2), (3, 12)] {
+            let (mut there, mut back) = (Vec::new(), Vec::new());
+            c.route(a, b, None, 7, &mut there);
+            c.route(b, a, Some(c.own_nic(b)), 7, &mut back);
+            assert_eq!(c.reverse(&there), back, "{a} -> {b}");
+        }
     }
 
     #[test]

@@ -40,7 +40,6 @@ use crate::engine::packet::{Ecn, FlowControl, PacketParams};
 use crate::error::{ConfigError, err};
 use crate::scenario::{Background, CollectiveSpec, Engine, Placement, Prices, Scenario, Training};
 use crate::topology::{FatTree, LeafSpine, RailOptimized, Routing};
-use crate::tuner::nccl_choice;
 use crate::units::{parse_bandwidth, parse_bytes, parse_time};
 
 /// Reads one table's keys, refusing unknown ones.
@@ -460,11 +459,8 @@ pub fn parse_design(text: &str, name: &str, gpus: Option<usize>) -> Result<Desig
     };
     let choice = match forced {
         Some(_) => None,
-        None => nccl_choice(&cluster, coll, gpus, spec.bytes, spec.channels),
+        None => spec.tune(&cluster),
     };
-    if let Some(ch) = &choice {
-        spec.algo = ch.algo;
-    }
 
     let t = Section::new(
         &root,
@@ -503,20 +499,18 @@ pub fn parse_design(text: &str, name: &str, gpus: Option<usize>) -> Result<Desig
         None => Vec::new(),
         Some(_) => {
             let (coll, forced) = op_and_algorithm(&bg)?;
-            let bytes = bg.bytes("size", Some("1GiB"))?;
-            let algo = forced
-                .or_else(|| nccl_choice(&cluster, coll, bg_gpus, bytes, per).map(|c| c.algo))
-                .unwrap_or(Algorithm::Ring);
-            vec![Background {
-                spec: CollectiveSpec {
-                    coll,
-                    algo,
-                    bytes,
-                    elem_bytes,
-                    channels: per,
-                    ranks: bg_gpus,
-                },
-            }]
+            let mut spec = CollectiveSpec {
+                coll,
+                algo: forced.unwrap_or(Algorithm::Ring),
+                bytes: bg.bytes("size", Some("1GiB"))?,
+                elem_bytes,
+                channels: per,
+                ranks: bg_gpus,
+            };
+            if forced.is_none() {
+                spec.tune(&cluster);
+            }
+            vec![Background { spec }]
         }
     };
     Ok(Design {

@@ -14,7 +14,7 @@ use crate::engine::event::{Job, replay};
 use crate::engine::lockstep::{Lockstep, SymJob, Symmetry, lockstep, symmetric};
 use crate::engine::packet::{PacketParams, PacketReport, simulate_jobs};
 use crate::error::{PlanError, invalid};
-use crate::tuner::nccl_choice;
+use crate::tuner::{Choice, nccl_choice};
 
 /// Which engine runs a collective.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +49,22 @@ pub struct CollectiveSpec {
     pub channels: usize,
     /// Ranks (the first `ranks` GPUs; all when 0).
     pub ranks: usize,
+}
+
+impl CollectiveSpec {
+    /// Takes the algorithm NCCL's tuner would run for this collective, size and rank count
+    /// on `cluster` (see [`crate::tuner`]), and says why; `None` (the algorithm kept) for
+    /// collectives NCCL does not tune.
+    pub fn tune(&mut self, cluster: &Cluster) -> Option<Choice> {
+        let ranks = if self.ranks == 0 {
+            cluster.gpus()
+        } else {
+            self.ranks
+        };
+        let choice = nccl_choice(cluster, self.coll, ranks, self.bytes, self.channels)?;
+        self.algo = choice.algo;
+        Some(choice)
+    }
 }
 
 /// A prediction.
@@ -211,6 +227,11 @@ impl Placed<'_> {
         .map_err(|e| invalid("algorithm", e.to_string()))
     }
 
+    /// Every rank's schedule for `count` elements.
+    fn schedules(&self, count: usize) -> Result<Vec<Schedule>, PlanError> {
+        (0..self.n).map(|r| self.sched(count, r)).collect()
+    }
+
     fn symmetric(&self, made: &mut HashMap<usize, Symmetric>) -> Result<(), PlanError> {
         for &count in &self.counts {
             if let std::collections::hash_map::Entry::Vacant(e) = made.entry(count) {
@@ -236,11 +257,7 @@ impl Placed<'_> {
                 let schedules = match built.get(&count) {
                     Some(s) => s.clone(),
                     None => {
-                        let s = Arc::new(
-                            (0..self.n)
-                                .map(|r| self.sched(count, r))
-                                .collect::<Result<Vec<_>, _>>()?,
-                        );
+                        let s = Arc::new(self.schedules(count)?);
                         built.insert(count, s.clone());
                         s
                     }
@@ -305,9 +322,7 @@ impl Placed<'_> {
             .map(|(c, &count)| {
                 Ok(Job {
                     gpus: self.gpus[c].clone(),
-                    schedules: (0..self.n)
-                        .map(|r| self.sched(count, r))
-                        .collect::<Result<Vec<_>, _>>()?,
+                    schedules: self.schedules(count)?,
                     rail: self.rails[c],
                     elem_bytes: self.spec.elem_bytes,
                 })
@@ -397,7 +412,7 @@ fn place<'a>(
     let placed = Placed {
         spec,
         n: tn,
-        chain: if tree { per.min(n) } else { 0 },
+        chain: if tree { per } else { 0 },
         per_host: per,
         order: (0..tn).collect(),
         gpus,
@@ -629,10 +644,7 @@ pub fn training_step(
                     ..spec.clone()
                 };
                 if tune {
-                    let n = ranks_of(cluster, &s)?;
-                    if let Some(c) = nccl_choice(cluster, s.coll, n, b, s.channels) {
-                        s.algo = c.algo;
-                    }
+                    s.tune(cluster);
                 }
                 let x = run_scenario(cluster, &s, engine, overhead_s, scenario)?.time_s;
                 memo.insert(b, x);

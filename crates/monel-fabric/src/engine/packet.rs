@@ -333,8 +333,7 @@ impl<'a> Sim<'a> {
                 let q = self.qps.len() as u32;
                 let pid = self.intern(&path);
                 let ack_path = if self.p.acks {
-                    // Back the way the data came: every link's other direction.
-                    let back: Vec<LinkId> = path.iter().rev().map(|&l| l ^ 1).collect();
+                    let back = self.cluster.reverse(&path);
                     self.intern(&back)
                 } else {
                     NONE
