@@ -6,10 +6,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The transfer engine's registry tests start a real etcd server (Debian's etcd-server).
-if ! command -v etcd > /dev/null && [[ $(id -u) == 0 ]]; then
+# What the tests need from Debian: a real etcd server for the transfer engine's registry
+# tests, and rdma-core's C header, which one test compiles Monel's hand-written libibverbs ABI
+# against (Monel itself loads libibverbs at run time and builds without it).
+need=()
+command -v etcd > /dev/null || need+=(etcd-server)
+[ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
+if ((${#need[@]})); then
+  if [[ $(id -u) != 0 ]]; then
+    echo "test.sh: needs ${need[*]} (Debian packages): run as root, or install them first" >&2
+    exit 1
+  fi
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server > /dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" > /dev/null
 fi
 cargo test --workspace --release
 # The README's Rust examples run, and check their own results.

@@ -224,9 +224,12 @@ impl PyAgent {
         py.detach(|| self.agent.registered()).map_err(|e| xerr(&e))
     }
 
-    /// The link peer `peer` is reached over: "rdma" or "tcp".
+    /// The link peer `peer` is reached over: "shm", "rdma" or "tcp".
     fn transport(&self, peer: &str) -> PyResult<&'static str> {
-        self.agent.transport(peer).map_err(|e| xerr(&e))
+        self.agent
+            .transport(peer)
+            .map(|k| k.setting())
+            .map_err(|e| xerr(&e))
     }
 
     /// The peers that introduced themselves and are not lost.

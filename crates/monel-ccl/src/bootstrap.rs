@@ -26,8 +26,8 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use crate::error::{CclError, Result};
-use monel_verbs::auth::{Key, Nonce, Proof, nonce};
-use monel_verbs::greeter::Greeter;
+use monel_peer::auth::{Key, Nonce, Proof, nonce};
+use monel_peer::greeter::Greeter;
 
 const MAGIC_BOOT: &[u8; 4] = b"MNL3";
 const MAGIC_HELLO: &[u8; 4] = b"MNLH";
@@ -131,7 +131,7 @@ impl FromStr for UniqueId {
 /// `MONEL_SECRET`; `None` when neither is set. An empty or unreadable one is an error.
 pub(crate) fn secret_from(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Key>> {
     let bytes = if let Some(p) = env("MONEL_SECRET_FILE").filter(|p| !p.is_empty()) {
-        monel_verbs::auth::secret_from_file(p.as_ref()).map_err(|e| {
+        monel_peer::auth::secret_from_file(p.as_ref()).map_err(|e| {
             if e.kind() == std::io::ErrorKind::InvalidData {
                 CclError::invalid(format!("MONEL_SECRET_FILE={p:?} is empty"))
             } else {

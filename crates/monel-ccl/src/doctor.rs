@@ -6,8 +6,8 @@
 
 use std::path::Path;
 
-use monel_verbs::hca::{GidPolicy, HcaFilter, choose_gid, lookup};
-use monel_verbs::rdma_core::{loader::Libibverbs, sysfs};
+use monel_peer::hca::{GidPolicy, HcaFilter, choose_gid, lookup};
+use monel_verbs::rdma_core::{library_devices, sysfs};
 use monel_verbs::{Context, ContextConfig, soft_devices};
 use serde::Serialize;
 
@@ -71,9 +71,8 @@ fn mib(b: u64) -> String {
 
 /// Whether libibverbs loads and lists the kernel's RDMA devices (`devs`, from sysfs).
 pub fn providers(out: &mut Vec<Check>, devs: &[sysfs::SysDevice]) {
-    match Libibverbs::load() {
-        Ok(l) => {
-            let listed = l.device_names();
+    match library_devices() {
+        Ok(listed) => {
             let (verdict, detail) = match (&listed, devs.is_empty()) {
                 (Ok(n), _) if !n.is_empty() => (
                     Verdict::Ok,

@@ -18,7 +18,7 @@ pub fn bootstrap(bytes: &[u8]) {
 /// The transports' set-up: a handshake message, then each of its fields as a shared-memory
 /// segment name and as an RDMA offer.
 pub fn transport_setup(bytes: &[u8]) {
-    if let Ok((_, fields)) = crate::transport::handshake::recv_msg(&mut Cursor::new(bytes)) {
+    if let Ok((_, fields)) = monel_peer::channel::recv_msg(&mut Cursor::new(bytes)) {
         for f in &fields {
             let _ = crate::transport::segment::valid_name(f);
             let _ = crate::transport::rdma::Offer::decode(f);

@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use monel_ccl::{CommConfig, Communicator, DataType, RedOp, UniqueId};
-use monel_verbs::auth::Key;
+use monel_peer::auth::Key;
 
 /// The five address strings every forged registration here claims.
 const ADDRS: [&str; 5] = ["127.0.0.1:9", "127.0.0.1:9", "m", "h", "0"];

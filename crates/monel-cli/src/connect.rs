@@ -178,7 +178,7 @@ fn parse_auth(s: &str) -> Result<PacketAuth, String> {
 /// `MONEL_SECRET`, else none.
 pub(crate) fn secret(a: &ConnArgs) -> anyhow::Result<Option<Vec<u8>>> {
     let s = match &a.secret_file {
-        Some(p) => monel_verbs::auth::secret_from_file(p)
+        Some(p) => monel_peer::auth::secret_from_file(p)
             .with_context(|| format!("--secret-file {}", p.display()))?,
         None => match std::env::var_os("MONEL_SECRET") {
             Some(v) => v.into_encoded_bytes(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 use monel_ccl::doctor::{self, Check, Verdict, check, env};
-use monel_verbs::hca::{GidPolicy, HcaFilter, choose_gid, lookup};
+use monel_peer::hca::{GidPolicy, HcaFilter, choose_gid, lookup};
 use monel_verbs::rdma_core::sysfs;
 use monel_verbs::{Context, ContextConfig, Device, Mtu, soft_devices};
 

@@ -53,9 +53,9 @@ pub(crate) fn spawn_ranks(
     let secret = (std::env::var_os("MONEL_SECRET_FILE").is_none()
         && std::env::var_os("MONEL_SECRET").is_none())
     .then(|| {
-        monel_verbs::auth::nonce()
+        monel_peer::auth::nonce()
             .iter()
-            .chain(&monel_verbs::auth::nonce())
+            .chain(&monel_peer::auth::nonce())
             .map(|b| format!("{b:02x}"))
             .collect::<String>()
     });

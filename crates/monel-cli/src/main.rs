@@ -1,5 +1,6 @@
 //! `monel`: the command-line face of Monel. Thin over the libraries.
 
+#![forbid(unsafe_code)]
 mod bench;
 mod chart;
 mod connect;

@@ -127,7 +127,7 @@ fn initiator(a: &XferBenchArgs, op: Op, agent: Agent) -> anyhow::Result<()> {
     }
     agent.register("buffer", usize::try_from(per_batch * a.threads)?)?;
     let peer = agent.connect(target)?;
-    let link = agent.transport(&peer)?;
+    let link = agent.transport(&peer)?.setting();
     let remote = agent.remote_segments(&peer)?;
     let size = remote
         .iter()

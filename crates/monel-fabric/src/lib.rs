@@ -13,6 +13,7 @@
 //! ```
 //! Everything is deterministic: the same inputs give the same answer, bit for bit.
 
+#![forbid(unsafe_code)]
 pub mod cluster;
 mod config;
 mod design;

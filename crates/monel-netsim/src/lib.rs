@@ -7,6 +7,7 @@
 //! (`monel-switch`). [`workload`] drives verified random work over it; [`sweep`] produces the loss-sweep table
 //! the `monel sim` command prints.
 
+#![forbid(unsafe_code)]
 mod link;
 mod net;
 pub mod port;

@@ -25,6 +25,7 @@
 //! sequence NAK, and the requester ignores sequence NAKs while it waits out an RNR delay, so an
 //! RNR episode does not burn retries.
 
+#![forbid(unsafe_code)]
 mod attr;
 #[doc(hidden)]
 pub mod bench_support;

@@ -17,6 +17,16 @@ pub enum TransportKind {
 }
 
 impl TransportKind {
+    /// The name users write and read in settings and bindings: `shm`, `rdma`, `tcp`
+    /// (`MONEL_TRANSPORT`, the transfer engine's `transport`).
+    pub const fn setting(self) -> &'static str {
+        match self {
+            Self::Shm => "shm",
+            Self::Roce => "rdma",
+            Self::Tcp => "tcp",
+        }
+    }
+
     /// The name the logs print (`SHM`, `RoCE`, `TCP`).
     pub const fn name(self) -> &'static str {
         match self {

@@ -10,7 +10,7 @@
 //! client            (verifies mac_s, brings its QP to RTS)
 //! client -> server  READY   "MONELRDY" mac_r[32]
 //! ```
-//! With K the key the secret stands for ([`crate::auth::Key::from_secret`]),
+//! With K the key the secret stands for ([`monel_peer::auth::Key::from_secret`]),
 //! mac_c = HMAC(K, "client" | nonce_s | request), mac_s = HMAC(K, "server" | nonce_c |
 //! request | reply), mac_r = HMAC(K, "ready" | nonce_s | nonce_c). A side without the
 //! secret sends zero MACs and is refused with a clear error; a peer that speaks anything else
@@ -25,13 +25,13 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::auth::{Key, nonce};
 use crate::device::Gid;
 use crate::error::{ErrorKind, Result, VerbsError};
-use crate::greeter::Greeter;
 use crate::protect::{PacketAuth, Protection};
 use crate::qp::{ConnectParams, QueuePair, RemoteQp, random_psn};
 use crate::{Mtu, Psn, Qpn, RKey};
+use monel_peer::auth::{Key, nonce};
+use monel_peer::greeter::Greeter;
 
 const V: &str = "monel_cm";
 const HELLO: &[u8; 8] = b"MONELCM1";
@@ -380,7 +380,7 @@ impl Listener {
     /// Serves connections until one completes the handshake for `qp` (in RESET or INIT),
     /// offering `buf`, or `wait` passes (`None`: no limit). Every connection is read on a
     /// thread of its own until it has sent a valid request (within `cfg.timeout`; see
-    /// [`crate::greeter`]), so a silent, slow or garbled one holds up nobody; one that
+    /// [`monel_peer::greeter`]), so a silent, slow or garbled one holds up nobody; one that
     /// fails is dropped, logged with its reason and counted ([`Self::dropped`]), and the QP
     /// goes back to RESET if the failure came after it was brought up. Connections still
     /// being read when `wait` passes are closed: a server that calls again and again keeps

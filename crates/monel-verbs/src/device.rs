@@ -7,8 +7,8 @@ use std::net::IpAddr;
 use monel_rc::Mtu;
 
 use crate::error::{ErrorKind, Result, VerbsError};
-pub use crate::gid::Gid;
-use crate::gid::{GidKind, GidSlot};
+pub use monel_peer::gid::Gid;
+use monel_peer::gid::{GidKind, GidSlot};
 
 /// One GID table entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -330,7 +330,7 @@ impl Device {
             .and_then(|i| u8::try_from(i).ok())
     }
 
-    /// The filled GID entries with their kinds, as [`crate::hca::choose_gid`] takes them.
+    /// The filled GID entries with their kinds, as [`monel_peer::hca::choose_gid`] takes them.
     pub fn gid_slots(&self) -> Vec<GidSlot> {
         self.gids
             .iter()

@@ -17,7 +17,6 @@
 
 mod ah;
 mod attr;
-pub mod auth;
 pub mod cm;
 mod config;
 mod context;
@@ -26,10 +25,6 @@ mod cq;
 pub mod device;
 mod error;
 mod event;
-mod gid;
-#[doc(hidden)]
-pub mod greeter;
-pub mod hca;
 pub mod limits;
 mod mr;
 mod pd;

@@ -26,7 +26,7 @@
 use ring::aead::{AES_128_GCM, Aad, LessSafeKey, Nonce, Tag, UnboundKey};
 use subtle::ConstantTimeEq;
 
-use crate::auth::Key;
+use monel_peer::auth::Key;
 
 /// Bytes a sealed packet carries before its ICRC: the sequence number and the tag.
 pub const TRAILER: usize = 8 + 16;

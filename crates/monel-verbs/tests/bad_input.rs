@@ -261,7 +261,7 @@ fn real_send(a: &Side, b: &Side) -> WorkCompletion {
 
 /// Both sides of a pair protect their QPs with `mode` under one made-up key.
 fn protect(a: &Side, b: &Side, mode: protect::PacketAuth) {
-    let key = auth::Key::from_secret(b"made-up link key");
+    let key = monel_peer::Key::from_secret(b"made-up link key");
     let (aq, bq) = (a.qp.qp_num().value(), b.qp.qp_num().value());
     a.qp.protect(&protect::Protection::between(&key, mode, aq, bq))
         .unwrap();

@@ -95,9 +95,9 @@ fn device_lists_with_its_gid_table() {
     let i = d.ipv4_gid_index().unwrap();
     let slots = d.gid_slots();
     assert!(
-        slots
-            .iter()
-            .any(|s| usize::from(s.index) == usize::from(i) && s.kind == hca::GidKind::RoceV2),
+        slots.iter().any(
+            |s| usize::from(s.index) == usize::from(i) && s.kind == monel_peer::GidKind::RoceV2
+        ),
         "{slots:?}"
     );
     assert!(d.gid(200).is_err());

@@ -18,6 +18,7 @@
 //! captures. Every malformed input gives a [`WireError`], never a panic.
 //!
 //! The crate is `no_std` without the `std` feature, allocates nothing and has no `unsafe`.
+#![forbid(unsafe_code)]
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 
 mod error;

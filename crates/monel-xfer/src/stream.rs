@@ -22,7 +22,7 @@
 //! | nonce_s | nonce_c), with K the key the job secret stands for; zeros without a secret.
 //! Big-endian throughout.
 
-use monel_verbs::auth::Key;
+use monel_peer::auth::Key;
 
 use crate::error::{Result, XferError};
 use crate::wire::MAX_MESSAGE;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{desc, pattern};
 use monel_verbs::Device;
-use monel_xfer::{Agent, AgentConfig, DescState, Op, Transport, XferError};
+use monel_xfer::{Agent, AgentConfig, DescState, Op, Transport, TransportKind, XferError};
 
 const SECRET: &[u8] = b"job secret for the transfer tests";
 const T: Duration = Duration::from_secs(20);
@@ -218,7 +218,7 @@ fn a_peer_killed_mid_batch_fails_that_batch_alone() {
     common::a_killed_peer_fails_its_batch_alone(&b, victim, 64);
     // What the lost peer held (its queue pair and buffers) is released; it is still named.
     assert_eq!(b.lanes("a").unwrap(), 0);
-    assert_eq!(b.transport("a").unwrap(), "rdma");
+    assert_eq!(b.transport("a").unwrap(), TransportKind::Roce);
     assert_eq!(b.lanes("c").unwrap(), 2);
     assert_eq!(b.peers(), ["c"]);
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{desc, pattern};
 use monel_verbs::Device;
-use monel_xfer::{Agent, AgentConfig, DescState, Op, Transport};
+use monel_xfer::{Agent, AgentConfig, DescState, Op, Transport, TransportKind};
 
 const SECRET: &[u8] = b"job secret for the shared-memory tests";
 const T: Duration = Duration::from_secs(20);
@@ -35,12 +35,12 @@ fn shared_memory_peers_move_exact_bytes_and_the_notification_follows_the_data() 
     let kv = pattern(16 << 20, 0x42);
     decode.write_local("kv", 0, &kv).unwrap();
     assert_eq!(prefill.connect(decode.address()).unwrap(), "decode-s");
-    assert_eq!(prefill.transport("decode-s").unwrap(), "shm");
+    assert_eq!(prefill.transport("decode-s").unwrap(), TransportKind::Shm);
     assert_eq!(prefill.lanes("decode-s").unwrap(), 2); // two copying threads
     common::a_batch_moves_exact_bytes(&decode, &prefill, "decode-s", "prefill-s", &src, &kv);
     let mut back = vec![0u8; 4096];
     // The other way too: the target was told of the link and writes back.
-    assert_eq!(decode.transport("prefill-s").unwrap(), "shm");
+    assert_eq!(decode.transport("prefill-s").unwrap(), TransportKind::Shm);
     let id = decode
         .transfer(
             "prefill-s",
@@ -61,7 +61,7 @@ fn bad_descriptors_fail_alone_over_shared_memory() {
     prefill.register("src", 4096).unwrap();
     prefill.write_local("src", 0, &[7u8; 4096]).unwrap();
     prefill.connect(decode.address()).unwrap();
-    assert_eq!(prefill.transport("decode-b").unwrap(), "shm");
+    assert_eq!(prefill.transport("decode-b").unwrap(), TransportKind::Shm);
     common::bad_descriptors_fail_alone(&decode, &prefill, "decode-b");
 }
 
@@ -120,7 +120,7 @@ fn a_shared_memory_peer_killed_mid_batch_fails_that_batch_alone() {
     c.register("dst", 1 << 20).unwrap();
     b.register("src", 64 << 20).unwrap();
     assert_eq!(b.connect(addr).unwrap(), "a");
-    assert_eq!(b.transport("a").unwrap(), "shm");
+    assert_eq!(b.transport("a").unwrap(), TransportKind::Shm);
     b.connect(c.address()).unwrap();
     // Many rounds over 64 MiB, so the kill lands mid-batch.
     common::a_killed_peer_fails_its_batch_alone(&b, victim, 1024);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::{desc, pattern};
 use monel_verbs::Device;
 use monel_xfer::stream::{self, Frame, HEADER};
-use monel_xfer::{Agent, AgentConfig, DescState, Msg, Op, Transport, XferError};
+use monel_xfer::{Agent, AgentConfig, DescState, Msg, Op, Transport, TransportKind, XferError};
 
 const SECRET: &[u8] = b"job secret for the tcp tests";
 const T: Duration = Duration::from_secs(20);
@@ -42,7 +42,7 @@ fn tcp_peers_move_exact_bytes_and_the_notification_follows_the_data() {
     let kv = pattern(16 << 20, 0x22);
     decode.write_local("kv", 0, &kv).unwrap();
     assert_eq!(prefill.connect(decode.address()).unwrap(), "decode-t");
-    assert_eq!(prefill.transport("decode-t").unwrap(), "tcp");
+    assert_eq!(prefill.transport("decode-t").unwrap(), TransportKind::Tcp);
     // Two connections, slices spread over both; the target sees both too.
     assert_eq!(prefill.lanes("decode-t").unwrap(), 2);
     let t0 = Instant::now();
@@ -93,11 +93,11 @@ fn an_agent_falls_back_to_tcp_where_rdma_is_refused() {
         "an RDMA-only peer is refused"
     );
     assert_eq!(auto.connect(decode.address()).unwrap(), "decode-w");
-    assert_eq!(auto.transport("decode-w").unwrap(), "tcp");
+    assert_eq!(auto.transport("decode-w").unwrap(), TransportKind::Tcp);
     // With a peer that takes RDMA and not shared memory, Auto picks RDMA.
     let other = agent("other-w", "127.0.3.41", Some(SECRET), Transport::Rdma);
     assert_eq!(auto.connect(other.address()).unwrap(), "other-w");
-    assert_eq!(auto.transport("other-w").unwrap(), "rdma");
+    assert_eq!(auto.transport("other-w").unwrap(), TransportKind::Roce);
 }
 
 /// An agent that goes right after its last batch still delivers that batch's notification

@@ -39,7 +39,7 @@ pub struct CommConfig {
     pub tcp_congestion: Vec<String>,
     /// The job's shared secret (`MONEL_SECRET_FILE`, else `MONEL_SECRET`): every rank must
     /// prove it holds it before it is trusted. Without one, ranks prove only the unique id.
-    pub secret: Option<monel_verbs::auth::Key>,
+    pub secret: Option<monel_peer::auth::Key>,
     /// Run the doctor's brief checks at init (`MONEL_DOCTOR=1`): providers, locked memory
     /// and /dev/shm against what this communicator registers and maps, each logged; a
     /// failing one fails init with its fix.
@@ -226,17 +226,17 @@ impl CommConfig {
             };
         }
         let (gid, aliases) =
-            monel_verbs::hca::GidPolicy::from_vars(env).map_err(CclError::invalid)?;
+            monel_peer::hca::GidPolicy::from_vars(env).map_err(CclError::invalid)?;
         for a in aliases {
             tracing::info!(target: "monel::init", "{a}");
         }
         c.rdma.gid = gid;
-        if let Some((v, from)) = monel_verbs::hca::lookup(env, "IB_HCA") {
+        if let Some((v, from)) = monel_peer::hca::lookup(env, "IB_HCA") {
             if from == "NCCL" {
                 tracing::info!(target: "monel::init", "NCCL_IB_HCA={v} read as MONEL_IB_HCA");
             }
             c.rdma.hca = Some(
-                monel_verbs::hca::HcaFilter::parse(&v)
+                monel_peer::hca::HcaFilter::parse(&v)
                     .map_err(|e| CclError::invalid(format!("{from}_IB_HCA: {e}")))?,
             );
         }

@@ -111,7 +111,7 @@ pub struct Communicator {
     /// Each rank's status endpoint, by rank (for the liveness check).
     status_addrs: Vec<SocketAddr>,
     /// The job key, which status queries prove.
-    key: monel_verbs::auth::Key,
+    key: monel_peer::auth::Key,
     /// How the last collective ran: an algorithm's name, or `window`.
     last_path: &'static str,
     /// Calls the two-rank tiny path finished without the executor.

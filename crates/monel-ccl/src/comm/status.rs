@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use monel_verbs::auth::{Key, nonce};
-use monel_verbs::greeter::Greeter;
+use monel_peer::auth::{Key, nonce};
+use monel_peer::greeter::Greeter;
 
 use super::{Communicator, describe_sig};
 use crate::error::{CclError, ErrorKind};

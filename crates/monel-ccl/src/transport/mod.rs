@@ -3,25 +3,24 @@
 //! transport both ends can use: shared memory, then RDMA, then TCP.
 //!
 //! Every pair starts as a TCP connection from the bootstrap mesh. Each transport in turn
-//! runs its handshake over the pairs still on TCP; both ends of a pair always agree on the
-//! outcome, and a pair a transport declines comes back with the reason, which the path log
-//! prints.
+//! (`monel_peer::select::ORDER`) runs its handshake over the pairs still on TCP; both ends of
+//! a pair always agree on the outcome, and a pair a transport declines comes back with the
+//! reason, which the pair's `Selection` keeps and its path-log line prints.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 
-use handshake::Channel;
+use monel_peer::channel::Channel;
 
 use crate::bootstrap::Peer;
 use std::os::fd::RawFd;
 use std::time::Instant;
 
-use monel_sched::tune::TransportKind;
+use monel_peer::select::{ORDER, Selection, TransportKind};
 use nix::poll::PollFlags;
 
 use crate::error::{CclError, Result};
 
-pub(crate) mod handshake;
 pub(crate) mod rdma;
 pub(crate) mod segment;
 pub(crate) mod shm;
@@ -164,9 +163,11 @@ pub(crate) fn connect(streams: Vec<Option<Peer>>, p: &Plan<'_>) -> Result<Links>
         .collect();
     let mut links: Vec<Option<Box<dyn Link>>> = (0..n).map(|_| None).collect();
     let mut paths = vec![String::new(); n];
-    let mut declined: Vec<Vec<String>> = vec![Vec::new(); n];
+    let mut selections: Vec<Selection> = (0..n)
+        .map(|j| Selection::new(format!("rank {}", p.rank), j))
+        .collect();
     let mut rest = streams;
-    // The transports with a handshake, fastest first; TCP takes what is left.
+    // The transports with a handshake, in the peer layer's order; TCP takes what is left.
     type Upgrade<'p> =
         dyn Fn(Vec<Option<Channel>>) -> Result<Vec<Option<Setup<Box<dyn Link>>>>> + 'p;
     let shm: &Upgrade<'_> = &|s| {
@@ -179,18 +180,23 @@ pub(crate) fn connect(streams: Vec<Option<Peer>>, p: &Plan<'_>) -> Result<Links>
             .map(boxed)
             .map_err(|e| CclError::io("RDMA handshake", e))
     };
-    for (kind, upgrade) in [(TransportKind::Shm, shm), (TransportKind::Roce, rdma)] {
+    for kind in ORDER {
+        let upgrade = match kind {
+            TransportKind::Shm => shm,
+            TransportKind::Roce => rdma,
+            TransportKind::Tcp => break,
+        };
         let outcomes = upgrade(std::mem::take(&mut rest))?;
         rest = (0..n).map(|_| None).collect();
         for (j, o) in outcomes.into_iter().enumerate() {
             match o {
                 Some(Setup::Up(link, detail)) => {
-                    paths[j] = path_line(p.rank, j, kind, &detail, &declined[j]);
+                    paths[j] = selections[j].chosen(kind, &detail, &[]);
                     links[j] = Some(link);
                 }
                 Some(Setup::Declined(s, why)) => {
                     rest[j] = Some(s);
-                    declined[j].push(format!("not {}: {why}", declined_name(kind)));
+                    selections[j].decline(kind, why);
                 }
                 None => {}
             }
@@ -202,15 +208,13 @@ pub(crate) fn connect(streams: Vec<Option<Peer>>, p: &Plan<'_>) -> Result<Links>
             return Err(CclError::bootstrap(format!(
                 "rank {} -> {j}: MONEL_TRANSPORT forbids TCP; {}",
                 p.rank,
-                declined[j].join("; ")
+                selections[j].reasons()
             )));
         }
         let link = tcp::TcpLink::new(s.s).map_err(|e| CclError::io("link", e))?;
         let cc = link.choose_congestion(p.tcp_congestion);
-        let mut notes = vec![format!("congestion {cc}")];
-        notes.append(&mut declined[j]);
         let detail = format!("{} -> {}", p.local_ip, p.peers[j]);
-        paths[j] = path_line(p.rank, j, TransportKind::Tcp, &detail, &notes);
+        paths[j] = selections[j].chosen(TransportKind::Tcp, &detail, &[format!("congestion {cc}")]);
         links[j] = Some(Box::new(link));
     }
     paths.retain(|l| !l.is_empty());
@@ -226,59 +230,4 @@ fn boxed<L: Link + 'static>(v: Vec<Option<Setup<L>>>) -> Vec<Option<Setup<Box<dy
             })
         })
         .collect()
-}
-
-/// How the path log names a transport that declined a pair.
-const fn declined_name(kind: TransportKind) -> &'static str {
-    match kind {
-        TransportKind::Shm => "SHM",
-        TransportKind::Roce => "RDMA",
-        TransportKind::Tcp => "TCP",
-    }
-}
-
-/// One path-log line: `rank R -> J via KIND DETAIL (NOTES)`.
-fn path_line(rank: usize, j: usize, kind: TransportKind, detail: &str, notes: &[String]) -> String {
-    let mut s = format!("rank {rank} -> {j} via {kind}");
-    if !detail.is_empty() {
-        s.push(' ');
-        s.push_str(detail);
-    }
-    if !notes.is_empty() {
-        s.push_str(&format!(" ({})", notes.join("; ")));
-    }
-    s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn path_lines_read_as_before() {
-        assert_eq!(
-            path_line(
-                0,
-                1,
-                TransportKind::Shm,
-                "(same host: 1024 KiB rings in /dev/shm)",
-                &[]
-            ),
-            "rank 0 -> 1 via SHM (same host: 1024 KiB rings in /dev/shm)"
-        );
-        assert_eq!(
-            path_line(
-                1,
-                0,
-                TransportKind::Tcp,
-                "10.0.0.2 -> 10.0.0.1:4000",
-                &[
-                    "congestion cubic".into(),
-                    "not SHM: x".into(),
-                    "not RDMA: y".into()
-                ]
-            ),
-            "rank 1 -> 0 via TCP 10.0.0.2 -> 10.0.0.1:4000 (congestion cubic; not SHM: x; not RDMA: y)"
-        );
-    }
 }

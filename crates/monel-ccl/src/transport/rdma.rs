@@ -30,12 +30,12 @@ use monel_verbs::{
 use nix::poll::PollFlags;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 
-use super::handshake::{Channel, bound_reads, first_text};
 use super::{Link, Registration, Setup};
 use monel_copy::copy;
+use monel_peer::channel::{Channel, bound_reads, first_text};
+use monel_peer::hca::{GidPolicy, HcaFilter, choose_gid};
 use monel_sched::tune::TransportKind;
 use monel_verbs::Provider;
-use monel_verbs::hca::{GidPolicy, HcaFilter, choose_gid};
 use monel_verbs::protect::{PacketAuth, Protection};
 
 /// Soft-RNIC transport settings.

@@ -24,10 +24,10 @@ use std::time::Instant;
 
 use nix::poll::PollFlags;
 
-use super::handshake::{Channel, bound_reads, first_text};
 use super::segment::{Segment, create_sized, open_named};
 use super::{Link, Setup};
 use monel_copy::{Adaptive, Costs, STREAM_MIN, copy};
+use monel_peer::channel::{Channel, bound_reads, first_text};
 use monel_sched::tune::TransportKind;
 
 const PAGE: usize = 4096;
@@ -697,7 +697,9 @@ pub(crate) fn upgrade(
 
 #[cfg(test)]
 mod tests {
-    use super::super::handshake::channel_pair;
+    fn channel_pair() -> (Channel, Channel) {
+        monel_peer::channel::loopback_pair(&monel_peer::Key::from_secret(b"link")).unwrap()
+    }
     use super::*;
     use std::time::Duration;
 

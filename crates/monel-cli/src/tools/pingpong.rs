@@ -9,8 +9,8 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use monel_peer::greeter::Greeter;
 use monel_verbs::Gid;
-use monel_verbs::greeter::Greeter;
 use monel_verbs::{
     AccessFlags, AddressHandle, AhAttr, GRH_LEN, Mtu, Psn, QKey, Qpn, RecvWr, SendFlags, SendOp,
     SendWr, WcStatus,

@@ -16,8 +16,8 @@ use crate::counters::DeviceCounters;
 use crate::device::{Device, GidEntry, PortAttr, Provider};
 use crate::error::{ErrorKind, Result, VerbsError};
 use crate::event::AsyncEvent;
-use crate::gid::GidKind;
 use crate::provider::{ContextOps, CqOps, PdOps};
+use monel_peer::gid::GidKind;
 
 /// An open rdma-core device.
 #[derive(Debug)]

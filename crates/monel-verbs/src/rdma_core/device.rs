@@ -12,8 +12,8 @@ use super::ffi;
 use super::loader::Libibverbs;
 use super::sysfs::{self, SYSFS_ROOT, SysPort};
 use crate::device::{Device, GidEntry, Provider};
-use crate::gid::{Gid, GidKind};
-use crate::hca::{GidPolicy, HcaFilter, choose_gid};
+use monel_peer::gid::{Gid, GidKind};
+use monel_peer::hca::{GidPolicy, HcaFilter, choose_gid};
 
 /// Most GID entries a port's table is read to.
 const MAX_GID_TBL: usize = 1024;

@@ -3,7 +3,7 @@
 //! only points at are declared up to the last field it reads; structs it fills are complete.
 //! The layouts are checked against the real header by a test that compiles it with the C
 //! compiler (`abi_matches_verbs_h`).
-#![allow(non_camel_case_types, missing_docs)]
+#![allow(non_camel_case_types, missing_docs, unreachable_pub, dead_code)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 

@@ -11,7 +11,7 @@ use libloading::Library;
 use super::ffi;
 
 /// The library's file name (its ABI: rdma-core has kept `.so.1` since 2017).
-pub const LIBIBVERBS: &str = "libibverbs.so.1";
+pub(crate) const LIBIBVERBS: &str = "libibverbs.so.1";
 
 /// Most devices read from one list.
 const MAX_DEVICES: usize = 256;
@@ -19,7 +19,7 @@ const MAX_DEVICES: usize = 256;
 macro_rules! entry_points {
     ($($field:ident: $ty:ident = $sym:literal,)*) => {
         /// libibverbs, loaded, with the entry points Monel uses.
-        pub struct Libibverbs {
+        pub(crate) struct Libibverbs {
             $(pub(crate) $field: ffi::$ty,)*
             // Declared last: the function pointers above point into it.
             _lib: Library,
@@ -28,7 +28,7 @@ macro_rules! entry_points {
         impl Libibverbs {
             /// Loads libibverbs; the error says why it could not be (not installed, or a
             /// symbol missing).
-            pub fn load() -> Result<Self, String> {
+            pub(crate) fn load() -> Result<Self, String> {
                 // SAFETY: loading libibverbs runs its initialisers, which only set up its
                 // own state (rdma-core's library constructors read config files and
                 // register providers).
@@ -91,14 +91,14 @@ impl std::fmt::Debug for Libibverbs {
 
 impl Libibverbs {
     /// The process's one copy, loaded on first use (the error, why not, is kept too).
-    pub fn shared() -> Result<&'static Self, String> {
+    pub(crate) fn shared() -> Result<&'static Self, String> {
         static LIB: OnceLock<Result<Libibverbs, String>> = OnceLock::new();
         LIB.get_or_init(Self::load).as_ref().map_err(Clone::clone)
     }
 
     /// The names of the devices libibverbs finds (those with a user-space provider); the
     /// error carries the OS error it gave (no kernel support, say).
-    pub fn device_names(&self) -> Result<Vec<String>, String> {
+    pub(crate) fn device_names(&self) -> Result<Vec<String>, String> {
         let mut n: c_int = 0;
         // SAFETY: `n` is a valid out-pointer; the list is freed below, once, and no device
         // pointer outlives it.

@@ -16,8 +16,8 @@ mod context;
 pub(crate) mod counters;
 mod cq;
 pub mod device;
-pub mod ffi;
-pub mod loader;
+mod ffi;
+mod loader;
 mod pd;
 mod qp;
 mod raw;
@@ -25,3 +25,9 @@ mod srq;
 pub mod sysfs;
 
 pub(crate) use context::HwContext;
+
+/// Whether rdma-core's libibverbs loads (`Err`: why not) and, when it does, the devices it
+/// lists (or why listing them failed), for `monel doctor`.
+pub fn library_devices() -> Result<Result<Vec<String>, String>, String> {
+    loader::Libibverbs::load().map(|l| l.device_names())
+}

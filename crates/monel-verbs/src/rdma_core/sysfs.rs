@@ -6,7 +6,7 @@ use std::fs;
 use std::io;
 use std::path::Path;
 
-use crate::gid::{Gid, GidKind, GidSlot};
+use monel_peer::gid::{Gid, GidKind, GidSlot};
 
 /// Where the kernel lists RDMA devices.
 pub const SYSFS_ROOT: &str = "/sys/class/infiniband";

@@ -7,7 +7,7 @@
 use std::net::IpAddr;
 
 use crate::device::{GidEntry, rxe_order};
-use crate::gid::{Gid, GidKind};
+use monel_peer::gid::{Gid, GidKind};
 
 /// Most entries a soft device's GID table holds (each costs its sockets); addresses past
 /// that get no GID.

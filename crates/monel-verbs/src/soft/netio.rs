@@ -14,7 +14,7 @@ use super::mmsg::RecvHeaders;
 use crate::config::ContextConfig;
 use crate::device::{Device, GidEntry, is_link_local};
 use crate::error::{ErrorKind, Result, VerbsError};
-use crate::gid::Gid;
+use monel_peer::gid::Gid;
 
 /// Largest datagram accepted: 4096-byte MTU plus every header, with room to spare, so an
 /// oversized packet is seen whole and dropped rather than truncated into something valid.

@@ -33,8 +33,8 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use monel_peer::auth::nonce;
 use monel_verbs::MemoryRegion;
-use monel_verbs::auth::nonce;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 

@@ -35,8 +35,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use monel_peer::greeter::Greeter;
+use monel_peer::select::{self, Attempt, Selection, TransportKind};
 use monel_verbs::cm;
-use monel_verbs::greeter::Greeter;
 use monel_verbs::protect::PacketAuth;
 use monel_verbs::{
     AccessFlags, CompletionQueue, Context, ContextConfig, Device, MemoryRegion, ProtectionDomain,
@@ -161,18 +162,19 @@ enum Link {
     },
     /// TCP connections.
     Tcp(tcp::Lanes),
-    /// A lost peer's link, released (its queue pair, buffers or connections), and what it
-    /// was.
-    Gone(&'static str),
+    /// A lost peer's link, released (its queue pair, buffers or connections), and the
+    /// transport it was.
+    Gone(TransportKind),
 }
 
 impl Link {
-    fn name(&self) -> &'static str {
+    /// The transport the link runs on.
+    fn kind(&self) -> TransportKind {
         match self {
-            Self::Rdma { .. } => "rdma",
-            Self::Tcp(t) if t.cma.is_some() => "shm",
-            Self::Tcp(_) => "tcp",
-            Self::Gone(was) => was,
+            Self::Rdma { .. } => TransportKind::Roce,
+            Self::Tcp(t) if t.cma.is_some() => TransportKind::Shm,
+            Self::Tcp(_) => TransportKind::Tcp,
+            Self::Gone(was) => *was,
         }
     }
 }
@@ -525,30 +527,46 @@ impl Agent {
     }
 
     /// Connects to the agent listening at `addr` over the configured [`Transport`]; returns
-    /// its name once its segment table has arrived.
+    /// its name once its segment table has arrived. With [`Transport::Auto`] the peer layer's
+    /// order is tried (shared memory, RDMA, TCP) and one line logs which was taken and why
+    /// the faster ones were not; a peer that none takes gets the last transport's error.
     pub fn connect(&self, addr: SocketAddr) -> Result<String> {
-        match self.shared.cfg.transport {
-            Transport::Rdma => self.connect_rdma(addr),
-            Transport::Tcp => self.connect_tcp(addr),
-            Transport::Shm => self.connect_shm(addr),
-            Transport::Auto => self
-                .connect_shm(addr)
-                .or_else(|e| {
-                    tracing::info!(
-                        target: "monel::xfer",
-                        "{}: shared memory with {addr}: {e}; trying RDMA",
-                        self.shared.name
-                    );
-                    self.connect_rdma(addr)
+        let order: &[TransportKind] = match self.shared.cfg.transport {
+            Transport::Auto => &select::ORDER,
+            Transport::Rdma => &[TransportKind::Roce],
+            Transport::Tcp => &[TransportKind::Tcp],
+            Transport::Shm => &[TransportKind::Shm],
+        };
+        let mut last = None;
+        let chosen = select::select(
+            Selection::new(&self.shared.name, addr),
+            order,
+            |kind| -> std::result::Result<Attempt<String>, std::convert::Infallible> {
+                let tried = match kind {
+                    TransportKind::Shm => self.connect_shm(addr),
+                    TransportKind::Roce => self.connect_rdma(addr),
+                    TransportKind::Tcp => self.connect_tcp(addr),
+                };
+                Ok(match tried {
+                    Ok(name) => Attempt::Up(name, String::new()),
+                    Err(e) => {
+                        let why = e.to_string();
+                        last = Some(e);
+                        Attempt::Declined(why)
+                    }
                 })
-                .or_else(|e| {
-                    tracing::info!(
-                        target: "monel::xfer",
-                        "{}: RDMA to {addr} failed ({e}); trying TCP",
-                        self.shared.name
-                    );
-                    self.connect_tcp(addr)
-                }),
+            },
+        );
+        match chosen {
+            Ok(Ok(c)) => {
+                tracing::info!(target: "monel::xfer", "{} (peer {})", c.line, c.link);
+                Ok(c.link)
+            }
+            Ok(Err(none)) => {
+                tracing::info!(target: "monel::xfer", "{none}");
+                Err(last.expect("every transport tried left its error"))
+            }
+            Err(never) => match never {},
         }
     }
 
@@ -599,12 +617,6 @@ impl Agent {
                 return Err(e.clone());
             }
             if let (Some(n), true) = (&p.name, p.published) {
-                tracing::info!(
-                    target: "monel::xfer",
-                    "{}: peer {n} at {addr} over {}",
-                    self.shared.name,
-                    p.link.name()
-                );
                 return Ok(n.clone());
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -620,11 +632,11 @@ impl Agent {
         }
     }
 
-    /// The link peer `peer` is reached over: "shm", "rdma" or "tcp".
-    pub fn transport(&self, peer: &str) -> Result<&'static str> {
+    /// The transport peer `peer` is reached over.
+    pub fn transport(&self, peer: &str) -> Result<TransportKind> {
         let st = self.shared.state();
         let i = find_peer(&st, peer)?;
-        Ok(st.peers[i].link.name())
+        Ok(st.peers[i].link.kind())
     }
 
     /// The lanes slices to peer `peer` spread over: 1 on RDMA (one queue pair) and on shared
@@ -1078,7 +1090,7 @@ fn release_lost(peers: &mut [Peer]) {
         if let Link::Tcp(t) = &p.link {
             t.close();
         }
-        let was = p.link.name();
+        let was = p.link.kind();
         drop(std::mem::replace(&mut p.link, Link::Gone(was)));
         p.queued = VecDeque::new();
         p.remote = SegmentTable::new();

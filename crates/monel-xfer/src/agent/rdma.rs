@@ -55,7 +55,7 @@ pub(super) fn connect(s: &Arc<Shared>, addr: SocketAddr) -> Result<usize> {
 /// first queue pair and opens the further ones presenting it. A lane that cannot be added
 /// is logged, and the peer goes on with those it has.
 pub(super) fn add_lanes(s: &Arc<Shared>, i: usize, addr: SocketAddr, name: &str) -> Result<()> {
-    let token = monel_verbs::auth::nonce();
+    let token = monel_peer::auth::nonce();
     {
         let mut st = s.state();
         let p = &mut st.peers[i];

@@ -20,8 +20,8 @@ use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use monel_peer::auth::nonce;
 use monel_verbs::MemoryRegion;
-use monel_verbs::auth::nonce;
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 

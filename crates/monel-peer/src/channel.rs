@@ -8,12 +8,12 @@ use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use monel_verbs::auth::Key;
+use crate::auth::Key;
 
 const MAGIC: &[u8; 4] = b"MNLS";
 
 /// Writes one message: its kind and fields (each at most 64 KiB - 2).
-pub(crate) fn send_msg(s: &mut TcpStream, kind: u8, fields: &[&[u8]]) -> io::Result<()> {
+pub fn send_msg(s: &mut TcpStream, kind: u8, fields: &[&[u8]]) -> io::Result<()> {
     let mut m = MAGIC.to_vec();
     m.push(kind);
     for f in fields {
@@ -25,9 +25,10 @@ pub(crate) fn send_msg(s: &mut TcpStream, kind: u8, fields: &[&[u8]]) -> io::Res
 }
 
 /// A pair's set-up connection: the TCP stream to a peer that proved the job key, and the
-/// key of the link (see [`crate::bootstrap`]).
-pub(crate) struct Channel {
-    pub(crate) s: TcpStream,
+/// key of the link (`monel-ccl`'s bootstrap makes both).
+pub struct Channel {
+    /// The TCP connection, for the transport that takes it over once set up.
+    pub s: TcpStream,
     key: Key,
     me: u32,
     peer: u32,
@@ -36,7 +37,8 @@ pub(crate) struct Channel {
 }
 
 impl Channel {
-    pub(crate) fn new(s: TcpStream, key: Key, me: usize, peer: usize) -> Self {
+    /// The channel over `s` from rank `me` to rank `peer`, under the link key `key`.
+    pub fn new(s: TcpStream, key: Key, me: usize, peer: usize) -> Self {
         Self {
             s,
             key,
@@ -48,7 +50,7 @@ impl Channel {
     }
 
     /// The link's key, for keys of narrower uses.
-    pub(crate) fn key(&self) -> &Key {
+    pub fn key(&self) -> &Key {
         &self.key
     }
 
@@ -65,7 +67,7 @@ impl Channel {
     }
 
     /// Sends one message with its proof.
-    pub(crate) fn send(&mut self, kind: u8, fields: &[&[u8]]) -> io::Result<()> {
+    pub fn send(&mut self, kind: u8, fields: &[&[u8]]) -> io::Result<()> {
         let head = Self::head(self.me, self.peer, self.sent, kind);
         let mut parts: Vec<&[u8]> = vec![&head];
         parts.extend_from_slice(fields);
@@ -77,7 +79,7 @@ impl Channel {
     }
 
     /// Receives one message and checks its proof.
-    pub(crate) fn recv(&mut self) -> io::Result<(u8, Vec<Vec<u8>>)> {
+    pub fn recv(&mut self) -> io::Result<(u8, Vec<Vec<u8>>)> {
         let (kind, mut fields) = recv_msg(&mut self.s)?;
         let proof = fields.pop().unwrap_or_default();
         let head = Self::head(self.peer, self.me, self.got, kind);
@@ -98,7 +100,7 @@ impl Channel {
 }
 
 /// Bounds every handshake read on `channels` by `deadline` (at least 100 ms).
-pub(crate) fn bound_reads(channels: &mut [Option<Channel>], deadline: Instant) -> io::Result<()> {
+pub fn bound_reads(channels: &mut [Option<Channel>], deadline: Instant) -> io::Result<()> {
     for s in channels.iter_mut().flatten().map(|c| &mut c.s) {
         let left = deadline
             .saturating_duration_since(Instant::now())
@@ -109,12 +111,12 @@ pub(crate) fn bound_reads(channels: &mut [Option<Channel>], deadline: Instant) -
 }
 
 /// A handshake message's first field as text (a peer's reason).
-pub(crate) fn first_text(fields: &[Vec<u8>]) -> String {
+pub fn first_text(fields: &[Vec<u8>]) -> String {
     String::from_utf8_lossy(fields.first().map_or(&[][..], |v| v)).into_owned()
 }
 
 /// Reads one message: its kind and fields.
-pub(crate) fn recv_msg(s: &mut impl Read) -> io::Result<(u8, Vec<Vec<u8>>)> {
+pub fn recv_msg(s: &mut impl Read) -> io::Result<(u8, Vec<Vec<u8>>)> {
     let mut h = [0u8; 5];
     s.read_exact(&mut h)?;
     if &h[..4] != MAGIC {
@@ -138,23 +140,25 @@ pub(crate) fn recv_msg(s: &mut impl Read) -> io::Result<(u8, Vec<Vec<u8>>)> {
     Ok((h[4], fields))
 }
 
-/// Both ends of a loopback set-up channel between ranks 1 (first) and 0 (second), under one
-/// made-up link key.
-#[cfg(test)]
-pub(crate) fn channel_pair() -> (Channel, Channel) {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-    let (b, _) = l.accept().unwrap();
-    let key = Key::from_secret(b"link");
-    (
+/// Both ends of a set-up channel over loopback, between ranks 1 (first) and 0 (second), under
+/// `key` as the link's key: for tests of what runs over a channel.
+pub fn loopback_pair(key: &Key) -> io::Result<(Channel, Channel)> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let a = TcpStream::connect(l.local_addr()?)?;
+    let (b, _) = l.accept()?;
+    Ok((
         Channel::new(a, key.clone(), 1, 0),
-        Channel::new(b, key, 0, 1),
-    )
+        Channel::new(b, key.clone(), 0, 1),
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn channel_pair() -> (Channel, Channel) {
+        loopback_pair(&Key::from_secret(b"link")).unwrap()
+    }
 
     #[test]
     fn forged_replayed_and_reflected_set_up_messages_fail() {

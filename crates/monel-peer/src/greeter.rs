@@ -1,7 +1,7 @@
 //! Listeners that serve every connection on its own: each accepted connection's first
 //! message is read on a thread of its own, under a deadline, so a silent, slow or garbled
 //! connection holds up nobody else. Connections whose first message fails are dropped,
-//! logged with their reason and counted. The connection manager ([`crate::cm::Listener::serve`])
+//! logged with their reason and counted. The connection manager (`monel_verbs::cm::Listener::serve`)
 //! and `monel-ccl`'s bootstrap (rendezvous and mesh) both serve their listeners this way.
 
 use std::fmt::Display;
