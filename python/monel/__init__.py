@@ -18,7 +18,8 @@ import atexit
 import functools
 import sys
 import weakref
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Self
 
 import numpy as np
 
@@ -67,7 +68,7 @@ _OPS = ("sum", "prod", "min", "max", "avg")
 
 # Communicators still open at exit are destroyed before the interpreter finalizes: their
 # worker threads take the GIL to release buffers, which a finalizing interpreter forbids.
-_LIVE: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
 
 
 @atexit.register
@@ -119,7 +120,7 @@ _DL_CPU = 1
 _DL_CUDA = {2: "CUDA", 3: "CUDA host", 13: "CUDA managed"}
 
 
-def _from_dlpack(x: Any, what: str) -> Optional[np.ndarray]:
+def _from_dlpack(x: Any, what: str) -> np.ndarray | None:
     """A numpy view (no copy) of an array that speaks DLPack on the CPU (a JAX array, ...);
     None if `x` does not speak it."""
     device = getattr(x, "__dlpack_device__", None)
@@ -127,7 +128,7 @@ def _from_dlpack(x: Any, what: str) -> Optional[np.ndarray]:
         return None
     try:
         kind = int(device()[0])
-    except Exception as e:  # noqa: BLE001 - a foreign object's own failure, named below
+    except Exception as e:
         raise InvalidArgumentError(f"{what}: __dlpack_device__ failed: {e}") from e
     name = type(x).__name__
     if kind != _DL_CPU:
@@ -156,8 +157,18 @@ def _u8_view(x: Any, what: str) -> np.ndarray:
             raise InvalidArgumentError(f"{what}: the tensor is not contiguous (call .contiguous())")
         if not _TORCH_NUMPY:
             torch = sys.modules["torch"]
-            _TORCH_NUMPY.update((torch.int8, torch.uint8, torch.int32, torch.int64,
-                                 torch.float16, torch.float32, torch.float64, torch.bool))
+            _TORCH_NUMPY.update(
+                (
+                    torch.int8,
+                    torch.uint8,
+                    torch.int32,
+                    torch.int64,
+                    torch.float16,
+                    torch.float32,
+                    torch.float64,
+                    torch.bool,
+                )
+            )
         if x.dtype in _TORCH_NUMPY and not x.requires_grad and x.dim():
             return x.numpy().view(np.uint8)
         d = x.detach()
@@ -186,7 +197,10 @@ def as_bytes(x: Any, what: str, writable: bool = False) -> tuple[np.ndarray, str
         dtype = _torch_types().get(x.dtype)
         if dtype is None and x.device.type == "cpu":
             raise InvalidArgumentError(f"{what}: torch type {x.dtype} is not supported")
-        return _u8_view(x, what), dtype, x.numel()
+        view = _u8_view(x, what)
+        if dtype is None:
+            raise InvalidArgumentError(f"{what}: torch type {x.dtype} is not supported")
+        return view, dtype, x.numel()
     if isinstance(x, np.ndarray):
         dtype = _NUMPY_TYPES.get(x.dtype) or _ML_TYPES.get(x.dtype.name)
         if dtype is None:
@@ -281,13 +295,13 @@ class Communicator:
     # by the torch backend, whose blocking calls are async operations waited for at once).
     _defer = False
 
-    def __init__(self, size: int, rank: int, unique_id: str, timeout: Optional[float] = None):
+    def __init__(self, size: int, rank: int, unique_id: str, timeout: float | None = None):
         """Joins the communicator `unique_id` names (from `create_unique_id` on one rank)."""
         self._c = _monel.Comm(size, rank, unique_id, timeout)
         _LIVE.add(self)
 
     @classmethod
-    def from_env(cls) -> "Communicator":
+    def from_env(cls) -> Communicator:
         """Joins from torchrun (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), Slurm, mpirun or
         MONEL_* variables."""
         self = cls.__new__(cls)
@@ -296,7 +310,7 @@ class Communicator:
         return self
 
     @classmethod
-    def _wrap(cls, c) -> "Communicator":
+    def _wrap(cls, c) -> Communicator:
         self = cls.__new__(cls)
         self._c = c
         _LIVE.add(self)
@@ -339,39 +353,66 @@ class Communicator:
     # -- collectives -----------------------------------------------------------------------
 
     @_stages_cuda(_out_or_x)
-    def all_reduce(self, x, out=None, op: str = "sum", async_op: bool = False) -> Optional[Work]:
+    def all_reduce(self, x, out=None, op: str = "sum", async_op: bool = False) -> Work | None:
         """Reduces `x` across ranks into `out` (in place into `x` without `out`)."""
         xb, t, n, ob, _, on = self._pair(x, out)
         if ob is not None and on != n:
             raise InvalidArgumentError(f"out has {on} elements, input {n}")
-        w = self._c.collective("all_reduce", t, n, None if ob is None else xb,
-                               xb if ob is None else ob, _check_op(op), 0, async_op, self._defer)
+        w = self._c.collective(
+            "all_reduce",
+            t,
+            n,
+            None if ob is None else xb,
+            xb if ob is None else ob,
+            _check_op(op),
+            0,
+            async_op,
+            self._defer,
+        )
         return w if async_op else None
 
     @_stages_cuda(_out_or_x)
-    def broadcast(self, x, root: int = 0, out=None, async_op: bool = False) -> Optional[Work]:
+    def broadcast(self, x, root: int = 0, out=None, async_op: bool = False) -> Work | None:
         """Copies the root's `x` to every rank's `out` (in place into `x` without `out`)."""
         xb, t, n, ob, _, on = self._pair(x, out)
         if ob is not None and on != n:
             raise InvalidArgumentError(f"out has {on} elements, input {n}")
-        w = self._c.collective("broadcast", t, n, None if ob is None else xb,
-                               xb if ob is None else ob, "sum", self._root(root), async_op, self._defer)
+        w = self._c.collective(
+            "broadcast",
+            t,
+            n,
+            None if ob is None else xb,
+            xb if ob is None else ob,
+            "sum",
+            self._root(root),
+            async_op,
+            self._defer,
+        )
         return w if async_op else None
 
     @_stages_cuda(_out_or_x)
-    def reduce(self, x, root: int = 0, out=None, op: str = "sum",
-               async_op: bool = False) -> Optional[Work]:
+    def reduce(
+        self, x, root: int = 0, out=None, op: str = "sum", async_op: bool = False
+    ) -> Work | None:
         """Reduces `x` across ranks into the root's `out` (in place into `x` without `out`)."""
         xb, t, n, ob, _, on = self._pair(x, out)
         if ob is not None and on != n:
             raise InvalidArgumentError(f"out has {on} elements, input {n}")
-        w = self._c.collective("reduce", t, n, None if ob is None else xb,
-                               xb if ob is None else ob, _check_op(op), self._root(root),
-                               async_op, self._defer)
+        w = self._c.collective(
+            "reduce",
+            t,
+            n,
+            None if ob is None else xb,
+            xb if ob is None else ob,
+            _check_op(op),
+            self._root(root),
+            async_op,
+            self._defer,
+        )
         return w if async_op else None
 
     @_stages_cuda(_out)
-    def all_gather(self, x, out, async_op: bool = False) -> Optional[Work]:
+    def all_gather(self, x, out, async_op: bool = False) -> Work | None:
         """Concatenates every rank's `x` (rank order) into `out` (size * x.size elements)."""
         xb, t, n, ob, _, on = self._pair(x, out)
         if on != n * self.size:
@@ -380,26 +421,31 @@ class Communicator:
         return w if async_op else None
 
     @_stages_cuda(_out)
-    def reduce_scatter(self, x, out, op: str = "sum", async_op: bool = False) -> Optional[Work]:
+    def reduce_scatter(self, x, out, op: str = "sum", async_op: bool = False) -> Work | None:
         """Reduces `x` (size * out.size elements) and leaves rank r's block in `out`."""
         xb, t, n, ob, _, on = self._pair(x, out)
         if n != on * self.size:
             raise InvalidArgumentError(f"input has {n} elements, want {self.size} x {on}")
-        w = self._c.collective("reduce_scatter", t, on, xb, ob, _check_op(op), 0, async_op, self._defer)
+        w = self._c.collective(
+            "reduce_scatter", t, on, xb, ob, _check_op(op), 0, async_op, self._defer
+        )
         return w if async_op else None
 
     @_stages_cuda(_out)
-    def all_to_all(self, x, out, async_op: bool = False) -> Optional[Work]:
+    def all_to_all(self, x, out, async_op: bool = False) -> Work | None:
         """Sends block j of `x` to rank j; block i of `out` comes from rank i (equal blocks)."""
         xb, t, n, ob, _, on = self._pair(x, out)
         if n != on or n % self.size:
             raise InvalidArgumentError(
-                f"input and out must have the same size, divisible by {self.size} (got {n}, {on})")
-        w = self._c.collective("all_to_all", t, n // self.size, xb, ob, "sum", 0, async_op, self._defer)
+                f"input and out must have the same size, divisible by {self.size} (got {n}, {on})"
+            )
+        w = self._c.collective(
+            "all_to_all", t, n // self.size, xb, ob, "sum", 0, async_op, self._defer
+        )
         return w if async_op else None
 
     @_stages_cuda(_out)
-    def gather(self, x, out=None, root: int = 0, async_op: bool = False) -> Optional[Work]:
+    def gather(self, x, out=None, root: int = 0, async_op: bool = False) -> Work | None:
         """Concatenates every rank's `x` into the root's `out` (size * x.size elements)."""
         root = self._root(root)
         xb, t, n, ob, _, on = self._pair(x, out)
@@ -411,7 +457,7 @@ class Communicator:
         return w if async_op else None
 
     @_stages_cuda(_out)
-    def scatter(self, x, out, root: int = 0, async_op: bool = False) -> Optional[Work]:
+    def scatter(self, x, out, root: int = 0, async_op: bool = False) -> Work | None:
         """Gives rank r block r of the root's `x` (size * out.size elements) in `out`."""
         root = self._root(root)
         ob, t, on = as_bytes(out, "out", writable=True)
@@ -426,22 +472,23 @@ class Communicator:
         w = self._c.collective("scatter", t, on, xb, ob, "sum", root, async_op, self._defer)
         return w if async_op else None
 
-    def barrier(self, async_op: bool = False) -> Optional[Work]:
+    def barrier(self, async_op: bool = False) -> Work | None:
         """Returns once every rank called it."""
-        w = self._c.collective("barrier", "uint8", 0, None, np.empty(0, np.uint8), "sum", 0,
-                               async_op, self._defer)
+        w = self._c.collective(
+            "barrier", "uint8", 0, None, np.empty(0, np.uint8), "sum", 0, async_op, self._defer
+        )
         return w if async_op else None
 
     # -- point to point --------------------------------------------------------------------
 
     @_stages_cuda(_nothing)
-    def send(self, x, peer: int, async_op: bool = False, tag: int = 0) -> Optional[Work]:
+    def send(self, x, peer: int, async_op: bool = False, tag: int = 0) -> Work | None:
         """Sends `x` to `peer` (`ncclSend`), the message carrying `tag`; a large message waits
         for the receive, so two ranks that send to each other must use `group`."""
         return self.group([("send", x, peer, tag)], async_op)
 
     @_stages_cuda(_out)
-    def recv(self, out, peer: Optional[int] = None, async_op: bool = False, tag: int = 0):
+    def recv(self, out, peer: int | None = None, async_op: bool = False, tag: int = 0):
         """Receives into `out` the first message from `peer` (`None`: from any rank) that
         carries `tag`; messages with other tags that arrive first wait for their own
         receives. The sizes must agree: a message of another size is an error, and it stays
@@ -458,7 +505,7 @@ class Communicator:
             raise InvalidArgumentError(f"peer {peer!r} is not a rank (0..{self.size - 1})")
         return peer
 
-    def group(self, ops: Sequence[tuple], async_op: bool = False) -> Optional[Work]:
+    def group(self, ops: Sequence[tuple], async_op: bool = False) -> Work | None:
         """Runs ("send", x, peer[, tag]) and ("recv", out, peer[, tag]) operations as one
         group, so any exchange pattern completes (`ncclGroupStart` .. `ncclGroupEnd`). A
         receive in a group takes the next message from its peer (or one with its tag set
@@ -479,7 +526,7 @@ class Communicator:
 
     # -- symmetric memory --------------------------------------------------------------------
 
-    def alloc_window(self, nbytes: int) -> "_monel.Win":
+    def alloc_window(self, nbytes: int) -> _monel.Win:
         """Allocates a symmetric memory window of `nbytes` bytes (NCCL's `ncclMemAlloc` with
         `ncclCommWindowRegister`). Collective: every rank calls it, with the same size, in the
         same order as its other operations. The window exports writable bytes through the
@@ -503,7 +550,7 @@ class Communicator:
 
     # -- lifetime --------------------------------------------------------------------------
 
-    def split(self, color: Optional[int], key: int = 0) -> Optional["Communicator"]:
+    def split(self, color: int | None, key: int = 0) -> Communicator | None:
         """`ncclCommSplit`: ranks with the same color form a new communicator ordered by
         key; `color=None` joins none and returns None. Every rank must call it."""
         c = self._c.split(color, key)
@@ -513,7 +560,7 @@ class Communicator:
         """Finishes queued operations and closes the connections."""
         self._c.destroy()
 
-    def __enter__(self) -> "Communicator":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

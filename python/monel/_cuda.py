@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -97,7 +97,7 @@ class Staging:
 STAGING = Staging()
 
 
-def group_device(bound: Optional[torch.device], device: torch.device, what: str) -> torch.device:
+def group_device(bound: torch.device | None, device: torch.device, what: str) -> torch.device:
     """The process group's device: the first one its CUDA tensors were on; a tensor on
     another is refused, as NCCL does."""
     if bound is not None and device != bound:
@@ -131,7 +131,7 @@ def _check(cuda: list[torch.Tensor], what: str, args) -> torch.device:
     return device
 
 
-def _stage(args: tuple, outputs, what: str, device: Optional[torch.device] = None):
+def _stage(args: tuple, outputs, what: str, device: torch.device | None = None):
     """Uploads the CUDA tensors of `args` that are inputs into pinned host buffers on the
     copy stream (ordered after the caller's stream) and waits for that copy; returns the
     device, the copy stream, the host stand-ins by tensor id, the buffers, and the
@@ -169,7 +169,7 @@ def _stage(args: tuple, outputs, what: str, device: Optional[torch.device] = Non
     return device, copy, host, bufs, landing
 
 
-def run(pg, name: str, method: Callable, args: tuple, kwargs: dict, outputs, op: Optional[str]):
+def run(pg, name: str, method: Callable, args: tuple, kwargs: dict, outputs, op: str | None):
     """Runs the backend's operation `name` on CUDA tensors: through CUDA IPC where the
     group can, else staged through host memory (pipelined for a large all_reduce).
     `op`: the reduction's name, for the operations that reduce."""
@@ -219,8 +219,9 @@ def _pipelined_allreduce(pg, t: torch.Tensor, op: str, opts):
             works.append(pg.comm.all_reduce(host[a:b], op=op, async_op=True))
 
     pg._timed(opts, issue)
-    work = PipelinedWork(device, STAGING.stream(device, up=True), flat, host, pieces, works,
-                         [buf], [t])
+    work = PipelinedWork(
+        device, STAGING.stream(device, up=True), flat, host, pieces, works, [buf], [t]
+    )
     if opts is not None and not getattr(opts, "asyncOp", True):
         work.wait()
         return None
@@ -249,7 +250,7 @@ class Coalesced:
         self.landing: list = []
         self.bufs: list = []
 
-    def finish(self, work) -> "CudaWork":
+    def finish(self, work) -> CudaWork:
         return CudaWork(None, work, self.landing, self.device, self.copy, self.bufs, None)
 
 
@@ -277,9 +278,9 @@ class CudaWork(dist._Work):
         super().__init__()
         self._inner, self._landing = inner, landing
         self._device, self._copy, self._bufs, self._value = device, copy, bufs, value
-        self._landed: Optional[torch.cuda.Event] = None
+        self._landed: torch.cuda.Event | None = None
         self._lock = threading.Lock()
-        self._future: Optional[Future] = None
+        self._future: Future | None = None
 
     def _land(self) -> torch.cuda.Event:
         with self._lock:
@@ -321,6 +322,7 @@ class CudaWork(dist._Work):
 
     def _complete(self) -> None:
         fut = self._future
+        assert fut is not None, "the future is made before this thread starts"
         try:
             self._finish()  # this thread's stream waits for the results; the future's
             fut.set_result(self._value)  # events are recorded after them
@@ -363,13 +365,18 @@ class PipelinedWork(CudaWork):
             secs = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
             for w in self._works:
                 if not w.wait(secs):
-                    raise CommTimeoutError(f"monel: Timed out waiting {secs * 1000:.0f} ms for the operation")
+                    raise CommTimeoutError(
+                        f"monel: Timed out waiting {secs * 1000:.0f} ms for the operation"
+                    )
         self._finish()
         return True
 
     def is_completed(self) -> bool:
-        return (all(w.is_completed() for w in self._works)
-                and self._landed is not None and self._landed.query())
+        return (
+            all(w.is_completed() for w in self._works)
+            and self._landed is not None
+            and self._landed.query()
+        )
 
     def is_success(self) -> bool:
         return all(w.is_success() for w in self._works)

@@ -11,7 +11,8 @@ communicator; needs torch.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from monel import InvalidArgumentError
 
@@ -28,7 +29,7 @@ def on_cuda(x: Any) -> bool:
             return True
         dl = getattr(x, "__dlpack_device__", None)
         return dl is not None and int(dl()[0]) in _DL_CUDA
-    except Exception:  # noqa: BLE001 - a foreign object's failure: not a CUDA array
+    except Exception:
         return False
 
 
@@ -36,7 +37,9 @@ def _as_torch(x: Any, what: str):
     try:
         import torch
     except ImportError as e:
-        raise InvalidArgumentError(f"{what}: a CUDA array needs torch installed to be staged") from e
+        raise InvalidArgumentError(
+            f"{what}: a CUDA array needs torch installed to be staged"
+        ) from e
     try:
         if isinstance(x, torch.Tensor):
             t = x
@@ -44,10 +47,12 @@ def _as_torch(x: Any, what: str):
             t = torch.as_tensor(x)
         else:
             t = torch.from_dlpack(x)
-    except Exception as e:  # noqa: BLE001 - torch's own refusal, named below
+    except Exception as e:
         raise InvalidArgumentError(f"{what}: torch cannot view this CUDA array: {e}") from e
     if not t.is_contiguous():
-        raise InvalidArgumentError(f"{what}: the CUDA array is not contiguous (make it contiguous first)")
+        raise InvalidArgumentError(
+            f"{what}: the CUDA array is not contiguous (make it contiguous first)"
+        )
     return t
 
 
@@ -58,7 +63,7 @@ class StagedWork:
     def __init__(self, inner, landing: list, bufs: list) -> None:
         self._inner, self._landing, self._bufs = inner, landing, bufs
 
-    def wait(self, timeout: Optional[float] = None) -> bool:
+    def wait(self, timeout: float | None = None) -> bool:
         if not self._inner.wait(timeout):
             return False
         if self._landing:
@@ -75,7 +80,7 @@ class StagedWork:
         return self._inner.is_success()
 
     @property
-    def source(self) -> Optional[int]:
+    def source(self) -> int | None:
         return self._inner.source
 
 

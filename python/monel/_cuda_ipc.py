@@ -29,7 +29,6 @@ import hashlib
 import logging
 import os
 import socket
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -43,10 +42,23 @@ _SHARED_MIN = 2 << 20  # the smallest call through IPC where ranks share a GPU
 _LAZY_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess
 # What the GPU reduces with, by Monel's operation name (AVG: the sum, divided after; on
 # floating-point tensors only: integer averages stage through host as Monel rounds them).
-_REDUCE = {"sum": torch.add, "prod": torch.mul, "min": torch.minimum, "max": torch.maximum,
-           "avg": torch.add}
-_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64,
-           torch.int8, torch.uint8, torch.int32, torch.int64}
+_REDUCE = {
+    "sum": torch.add,
+    "prod": torch.mul,
+    "min": torch.minimum,
+    "max": torch.maximum,
+    "avg": torch.add,
+}
+_DTYPES = {
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.int8,
+    torch.uint8,
+    torch.int32,
+    torch.int64,
+}
 
 
 class _Handle(ctypes.Structure):
@@ -70,11 +82,13 @@ def _cudart():
         except OSError:
             continue
         c_int, vp = ctypes.c_int, ctypes.c_void_p
-        for f, args in (("cudaMalloc", [ctypes.POINTER(vp), ctypes.c_size_t]),
-                        ("cudaFree", [vp]),
-                        ("cudaIpcGetMemHandle", [ctypes.POINTER(_Handle), vp]),
-                        ("cudaIpcOpenMemHandle", [ctypes.POINTER(vp), _Handle, ctypes.c_uint]),
-                        ("cudaIpcCloseMemHandle", [vp])):
+        for f, args in (
+            ("cudaMalloc", [ctypes.POINTER(vp), ctypes.c_size_t]),
+            ("cudaFree", [vp]),
+            ("cudaIpcGetMemHandle", [ctypes.POINTER(_Handle), vp]),
+            ("cudaIpcOpenMemHandle", [ctypes.POINTER(vp), _Handle, ctypes.c_uint]),
+            ("cudaIpcCloseMemHandle", [vp]),
+        ):
             fn = getattr(rt, f)
             fn.argtypes, fn.restype = args, c_int
         rt.cudaGetErrorString.argtypes, rt.cudaGetErrorString.restype = [c_int], ctypes.c_char_p
@@ -92,7 +106,10 @@ class _Mem:
 
     def __init__(self, ptr: int, nbytes: int) -> None:
         self.__cuda_array_interface__ = {
-            "shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 2,
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "version": 2,
         }
 
 
@@ -105,8 +122,10 @@ def _device_key(index: int) -> int:
     p = torch.cuda.get_device_properties(index)
     ident = getattr(p, "uuid", None)
     if ident is None:
-        ident = f"{getattr(p, 'pci_domain_id', 0)}:{getattr(p, 'pci_bus_id', index)}:" \
-                f"{getattr(p, 'pci_device_id', 0)}"
+        ident = (
+            f"{getattr(p, 'pci_domain_id', 0)}:{getattr(p, 'pci_bus_id', index)}:"
+            f"{getattr(p, 'pci_device_id', 0)}"
+        )
     return _key(str(ident))
 
 
@@ -122,16 +141,18 @@ def _host_key() -> int:
 class Ipc:
     """One process group's IPC buffers: this rank's, and its peers' opened here."""
 
-    def __init__(self, pg, device: torch.device, rt, mine: int, peers: dict[int, int],
-                 min_bytes: int) -> None:
+    def __init__(
+        self, pg, device: torch.device, rt, mine: int, peers: dict[int, int], min_bytes: int
+    ) -> None:
         self.pg, self.device, self.rt, self.min_bytes = pg, device, rt, min_bytes
         self.rank, self.size = pg._rank, pg._size
         self._ptrs = {pg._rank: mine, **peers}
         self._opened = dict(peers)
-        self.bufs = [torch.as_tensor(_Mem(self._ptrs[q], 2 * _SLOT), device=device)
-                     for q in range(self.size)]
+        self.bufs = [
+            torch.as_tensor(_Mem(self._ptrs[q], 2 * _SLOT), device=device) for q in range(self.size)
+        ]
         self._calls = 0
-        self._last: Optional[torch.cuda.Event] = None  # the reads of the previous piece
+        self._last: torch.cuda.Event | None = None  # the reads of the previous piece
 
     def close(self) -> None:
         """Closes the peers' buffers (this rank's own stay until the process ends: a peer
@@ -147,7 +168,7 @@ class Ipc:
         """Rank q's current buffer, as `count` elements of `dtype`."""
         half = (self._calls & 1) * _SLOT
         nbytes = count * dtype.itemsize
-        return self.bufs[q][half:half + nbytes].view(dtype)
+        return self.bufs[q][half : half + nbytes].view(dtype)
 
     def _ready(self, stream: torch.cuda.Stream) -> None:
         """This rank's piece is written (on `stream`): wait for it, then for every rank."""
@@ -170,7 +191,7 @@ class Ipc:
 
     # -- operations: each on the caller's current stream; returns the event after it --------
 
-    def all_reduce(self, t: torch.Tensor, op: str, root: Optional[int] = None) -> torch.cuda.Event:
+    def all_reduce(self, t: torch.Tensor, op: str, root: int | None = None) -> torch.cuda.Event:
         """In place; with `root`, only the root keeps the result (reduce)."""
         s = torch.cuda.current_stream(self.device)
         flat, n, m = t.view(-1), t.numel(), self.elements(t.dtype)
@@ -224,8 +245,9 @@ class Ipc:
             b = min(n, a + m)
             self._piece(self.rank, inp.dtype, w * (b - a)).view(w, b - a).copy_(blocks[:, a:b])
             self._ready(s)
-            parts = [self._piece(q, inp.dtype, w * (b - a)).view(w, b - a)[self.rank]
-                     for q in range(w)]
+            parts = [
+                self._piece(q, inp.dtype, w * (b - a)).view(w, b - a)[self.rank] for q in range(w)
+            ]
             _reduce(op, parts, flat[a:b])
             ev = self._done(s)
         return ev
@@ -254,7 +276,7 @@ def _local_ok(device: torch.device):
     return True, rt, ""
 
 
-def setup(pg, device: torch.device) -> Optional[Ipc]:
+def setup(pg, device: torch.device) -> Ipc | None:
     """Collective, at the group's first CUDA collective: opens every peer's buffers, or
     returns None on every rank if any rank cannot."""
     comm, w, r = pg.comm, pg._size, pg._rank
@@ -269,11 +291,13 @@ def setup(pg, device: torch.device) -> Optional[Ipc]:
         local = {_device_key(i): i for i in range(torch.cuda.device_count())}
         for q, row in enumerate(rows):
             other = local.get(row[2])
-            if other is None or (other != device.index
-                                 and not torch.cuda.can_device_access_peer(device.index, other)):
+            if other is None or (
+                other != device.index and not torch.cuda.can_device_access_peer(device.index, other)
+            ):
                 ok, why = False, f"rank {q}'s GPU is not reachable from {device}"
                 break
-    mine, peers = None, {}
+    mine: int | None = None
+    peers: dict[int, int] = {}
     try:
         if ok:
             ptr, handle = ctypes.c_void_p(), _Handle()
@@ -297,9 +321,13 @@ def setup(pg, device: torch.device) -> Optional[Ipc]:
                     if q == r:
                         continue
                     p = ctypes.c_void_p()
-                    h = _Handle.from_buffer_copy(bytes(handles[64 * q:64 * (q + 1)].tolist()))
-                    _check(rt, rt.cudaIpcOpenMemHandle(ctypes.byref(p), h, _LAZY_PEER_ACCESS),
-                           f"cudaIpcOpenMemHandle (rank {q})")
+                    h = _Handle.from_buffer_copy(bytes(handles[64 * q : 64 * (q + 1)].tolist()))
+                    _check(
+                        rt,
+                        rt.cudaIpcOpenMemHandle(ctypes.byref(p), h, _LAZY_PEER_ACCESS),
+                        f"cudaIpcOpenMemHandle (rank {q})",
+                    )
+                    assert p.value is not None, "a handle opened at no address"
                     peers[q] = p.value
         except RuntimeError as e:
             ok, why = False, str(e)
@@ -309,14 +337,22 @@ def setup(pg, device: torch.device) -> Optional[Ipc]:
         shared = len({row[2] for row in rows}) < w
         env = os.environ.get("MONEL_CUDA_IPC_MIN")
         least = int(env) if env else (_SHARED_MIN if shared else 0)
-        _LOG.info("monel: CUDA IPC between the %d ranks on this host (%d bytes a buffer; "
-                  "calls of %d bytes and more)", w, _SLOT, least)
+        _LOG.info(
+            "monel: CUDA IPC between the %d ranks on this host (%d bytes a buffer; "
+            "calls of %d bytes and more)",
+            w,
+            _SLOT,
+            least,
+        )
+        assert mine is not None, "every rank allocated its buffer"
         return Ipc(pg, device, rt, mine, peers, least)
-    for p in peers.values():
-        rt.cudaIpcCloseMemHandle(ctypes.c_void_p(p))
+    for addr in peers.values():
+        rt.cudaIpcCloseMemHandle(ctypes.c_void_p(addr))
     if mine is not None:
         rt.cudaFree(ctypes.c_void_p(mine))
-    _LOG.info("monel: CUDA tensors staged through host memory (%s)", why or "a peer cannot use CUDA IPC")
+    _LOG.info(
+        "monel: CUDA tensors staged through host memory (%s)", why or "a peer cannot use CUDA IPC"
+    )
     return None
 
 
@@ -349,17 +385,28 @@ class IpcWork(dist._Work):
 
 
 # The torch operations that go through IPC, and how: by the backend's method names.
-OPS = ("allreduce", "broadcast", "reduce", "allgather", "all_gather_single", "_allgather_base",
-       "reduce_scatter_single", "_reduce_scatter_base")
+OPS = (
+    "allreduce",
+    "broadcast",
+    "reduce",
+    "allgather",
+    "all_gather_single",
+    "_allgather_base",
+    "reduce_scatter_single",
+    "_reduce_scatter_base",
+)
 
 
-def eligible(name: str, args: tuple, op: Optional[str]) -> bool:
+def eligible(name: str, args: tuple, op: str | None) -> bool:
     """Whether this call can go through IPC (the same answer on every rank: it depends on
     the operation, the reduction and the dtype only)."""
     if name not in OPS or (op is not None and op not in _REDUCE):
         return False
-    return all(t.dtype in _DTYPES and (op != "avg" or t.is_floating_point())
-               for a in args for t in tensors_in(a))
+    return all(
+        t.dtype in _DTYPES and (op != "avg" or t.is_floating_point())
+        for a in args
+        for t in tensors_in(a)
+    )
 
 
 def wanted(ipc: Ipc, args: tuple) -> bool:
@@ -368,7 +415,7 @@ def wanted(ipc: Ipc, args: tuple) -> bool:
     return sum(t.numel() * t.element_size() for a in args for t in tensors_in(a)) >= ipc.min_bytes
 
 
-def run(ipc: Ipc, name: str, args: tuple, op: Optional[str]):
+def run(ipc: Ipc, name: str, args: tuple, op: str | None):
     """Runs the torch operation `name` through IPC; returns its work."""
     opts = args[-1] if len(args) > 1 else None
     device = ipc.device
@@ -380,6 +427,7 @@ def run(ipc: Ipc, name: str, args: tuple, op: Optional[str]):
             if name == "broadcast":
                 end = ipc.broadcast(t, root)
             else:
+                assert op is not None, "reductions name their operation"
                 end = ipc.all_reduce(t, op, root if name == "reduce" else None)
         return IpcWork(device, stream, end, tensors)
     if name == "allgather":
@@ -392,5 +440,6 @@ def run(ipc: Ipc, name: str, args: tuple, op: Optional[str]):
         end = ipc.all_gather(list(out.view(-1).chunk(ipc.size)), inp)
         return IpcWork(device, stream, end, out)
     out, inp = args[0], args[1]  # reduce_scatter_single, _reduce_scatter_base
+    assert op is not None, "reductions name their operation"
     end = ipc.reduce_scatter(out, inp, op)
     return IpcWork(device, stream, end, out)

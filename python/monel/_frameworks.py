@@ -6,7 +6,7 @@ fusion), results in 64-byte-aligned memory that JAX and TensorFlow adopt without
 from __future__ import annotations
 
 import hashlib
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -17,10 +17,10 @@ FUSE_BELOW = 1 << 20
 # XLA adopts host memory without a copy only at this alignment.
 ALIGN = 64
 
-_COMM: Optional[Communicator] = None
+_COMM: Communicator | None = None
 
 
-def init(comm: Optional[Communicator] = None) -> Communicator:
+def init(comm: Communicator | None = None) -> Communicator:
     """Joins the job (torchrun, Slurm, mpirun or MONEL_* variables, as `monel launch` sets
     them), or adopts `comm`; a second call returns the same communicator."""
     global _COMM
@@ -65,8 +65,9 @@ def as_framework_error(e: MonelError, base: type, *args) -> Exception:
     kind = type(e)
     cls = _BOTH.get((kind, base))
     if cls is None:
-        cls = _BOTH[(kind, base)] = type(kind.__name__, (base, kind),
-                                         {"__module__": base.__module__})
+        cls = _BOTH[(kind, base)] = type(
+            kind.__name__, (base, kind), {"__module__": base.__module__}
+        )
     err = cls(*args)
     if hasattr(e, "ranks"):
         err.ranks = e.ranks
@@ -90,7 +91,7 @@ def aligned_empty(shape, dtype) -> np.ndarray:
     n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     raw = np.empty(n + ALIGN, np.uint8)
     skip = -raw.ctypes.data % ALIGN
-    return raw[skip:skip + n].view(dt).reshape(shape)
+    return raw[skip : skip + n].view(dt).reshape(shape)
 
 
 def _contiguous(a) -> np.ndarray:
@@ -114,8 +115,7 @@ class _Layout:
         self.what, self.rank = what, c.rank
         digest = hashlib.sha256(repr(self.key).encode()).digest()[:8]
         self.every = np.empty(c.size, np.int64)
-        self.work = c.all_gather(np.frombuffer(digest, np.int64).copy(), self.every,
-                                 async_op=True)
+        self.work = c.all_gather(np.frombuffer(digest, np.int64).copy(), self.every, async_op=True)
 
     def verify(self, works) -> None:
         """Waits for the check and for `works`; the check's failure comes first."""
@@ -127,8 +127,10 @@ class _Layout:
         odd = [r for r in range(len(self.every)) if self.every[r] != self.every[0]]
         if odd:
             _drain(works)
-            raise MismatchError(f"{self.what}: ranks {odd} passed arrays of other shapes or types "
-                                f"than rank 0 (this rank, {self.rank}: {self.key})")
+            raise MismatchError(
+                f"{self.what}: ranks {odd} passed arrays of other shapes or types "
+                f"than rank 0 (this rank, {self.rank}: {self.key})"
+            )
         for w in works:
             w.wait()
 
@@ -137,12 +139,13 @@ def _drain(works) -> None:
     for w in works:
         try:
             w.wait()
-        except Exception:  # noqa: BLE001 - the caller raises the first error
+        except Exception:
             pass
 
 
-def all_reduce_many(arrays: Sequence[np.ndarray], op: str = "sum",
-                    inplace: bool = False) -> list[np.ndarray]:
+def all_reduce_many(
+    arrays: Sequence[np.ndarray], op: str = "sum", inplace: bool = False
+) -> list[np.ndarray]:
     """Reduces each array across ranks; returns new aligned arrays of the same shapes, or
     with `inplace` the (writable) arrays themselves, reduced.
 
@@ -171,11 +174,11 @@ def all_reduce_many(arrays: Sequence[np.ndarray], op: str = "sum",
         raw = buf.view(np.uint8)
         raw[:] = 0
         for i, off in zip(idx, offsets):
-            raw[off:off + arrays[i].nbytes] = arrays[i].reshape(-1).view(np.uint8)
+            raw[off : off + arrays[i].nbytes] = arrays[i].reshape(-1).view(np.uint8)
         works.append(c.all_reduce(buf, op=op, async_op=True))
         for i, off in zip(idx, offsets):
             a = arrays[i]
-            out[i] = raw[off:off + a.nbytes].view(dt).reshape(a.shape)
+            out[i] = raw[off : off + a.nbytes].view(dt).reshape(a.shape)
     layout.verify(works)
     if inplace:
         for i, a in enumerate(arrays):
@@ -185,8 +188,9 @@ def all_reduce_many(arrays: Sequence[np.ndarray], op: str = "sum",
     return out
 
 
-def broadcast_many(arrays: Sequence[np.ndarray], root: int = 0,
-                   inplace: bool = False) -> list[np.ndarray]:
+def broadcast_many(
+    arrays: Sequence[np.ndarray], root: int = 0, inplace: bool = False
+) -> list[np.ndarray]:
     """The root's arrays on every rank: new aligned arrays, or with `inplace` the (writable)
     arrays themselves, overwritten. The ranks' shapes must agree."""
     c = comm()
@@ -221,7 +225,8 @@ def reduce_scatter(a: np.ndarray, op: str = "sum") -> np.ndarray:
     a = _contiguous(a)
     if a.ndim == 0 or a.shape[0] % c.size:
         raise InvalidArgumentError(
-            f"reduce_scatter: the first axis ({a.shape}) must divide by {c.size} ranks")
+            f"reduce_scatter: the first axis ({a.shape}) must divide by {c.size} ranks"
+        )
     out = aligned_empty((a.shape[0] // c.size, *a.shape[1:]), a.dtype)
     c.reduce_scatter(a, out, op=op)
     return out
@@ -233,7 +238,8 @@ def all_to_all(a: np.ndarray) -> np.ndarray:
     a = _contiguous(a)
     if a.ndim == 0 or a.shape[0] % c.size:
         raise InvalidArgumentError(
-            f"all_to_all: the first axis ({a.shape}) must divide by {c.size} ranks")
+            f"all_to_all: the first axis ({a.shape}) must divide by {c.size} ranks"
+        )
     out = aligned_empty(a.shape, a.dtype)
     c.all_to_all(a, out)
     return out

@@ -1,6 +1,6 @@
 """Typed stub of the native module (see monel/__init__.py for the documented API)."""
 
-from typing import Any, Optional
+from typing import Any
 
 class MonelError(Exception):
     ranks: list[int]
@@ -15,18 +15,18 @@ class BootstrapError(MonelError): ...
 class Work:
     """An operation in flight."""
 
-    def wait(self, timeout: Optional[float] = None) -> bool: ...
+    def wait(self, timeout: float | None = None) -> bool: ...
     def is_completed(self) -> bool: ...
     def is_success(self) -> bool: ...
     @property
-    def source(self) -> Optional[int]: ...
+    def source(self) -> int | None: ...
 
 class Comm:
     def __init__(
-        self, size: int, rank: int, unique_id: str, timeout: Optional[float] = None
+        self, size: int, rank: int, unique_id: str, timeout: float | None = None
     ) -> None: ...
     @staticmethod
-    def from_env() -> "Comm": ...
+    def from_env() -> Comm: ...
     @property
     def rank(self) -> int: ...
     @property
@@ -38,7 +38,7 @@ class Comm:
         name: str,
         dtype: str,
         count: int,
-        send: Optional[Any],
+        send: Any | None,
         recv: Any,
         op: str = "sum",
         root: int = 0,
@@ -46,14 +46,17 @@ class Comm:
         defer: bool = False,
     ) -> Work: ...
     def group(
-        self, ops: list[tuple[bool, Any, int, str, int, int]], async_op: bool = False, defer: bool = False
+        self,
+        ops: list[tuple[bool, Any, int, str, int, int]],
+        async_op: bool = False,
+        defer: bool = False,
     ) -> Work: ...
     def recv_from(
         self,
         buffer: Any,
         count: int,
         dtype: str,
-        src: Optional[int],
+        src: int | None,
         tag: int,
         async_op: bool = False,
         defer: bool = False,
@@ -62,8 +65,8 @@ class Comm:
         self, timeout: float, wait_all: bool = False, async_op: bool = False
     ) -> Work: ...
     def set_timeout(self, seconds: float) -> None: ...
-    def split(self, color: Optional[int], key: int = 0) -> Optional["Comm"]: ...
-    def alloc_window(self, nbytes: int) -> "Win": ...
+    def split(self, color: int | None, key: int = 0) -> Comm | None: ...
+    def alloc_window(self, nbytes: int) -> Win: ...
     def destroy(self) -> None: ...
 
 class Win:
@@ -129,7 +132,7 @@ class ProtectionDomain:
     def create_qp(
         self,
         send_cq: CompletionQueue,
-        recv_cq: Optional[CompletionQueue] = None,
+        recv_cq: CompletionQueue | None = None,
         max_send_wr: int = 128,
         max_recv_wr: int = 512,
         max_inline_data: int = 256,
@@ -155,7 +158,7 @@ class WorkCompletion:
     status_name: str
     opcode: str
     byte_len: int
-    imm: Optional[int]
+    imm: int | None
     qp_num: int
     src_qp: int
     @property
@@ -180,22 +183,22 @@ class QueuePair:
         qpn: int,
         psn: int,
         gid: str,
-        udp_port: Optional[int] = None,
+        udp_port: int | None = None,
         mtu: int = 1024,
-        access: Optional[int] = None,
+        access: int | None = None,
         ack_timeout: int = 14,
         retry_cnt: int = 7,
     ) -> None: ...
     def post_recv(
-        self, mr: MemoryRegion, offset: int = 0, length: Optional[int] = None, wr_id: int = 0
+        self, mr: MemoryRegion, offset: int = 0, length: int | None = None, wr_id: int = 0
     ) -> None: ...
     def post_send(
         self,
         mr: MemoryRegion,
         offset: int = 0,
-        length: Optional[int] = None,
+        length: int | None = None,
         wr_id: int = 0,
-        imm: Optional[int] = None,
+        imm: int | None = None,
         signaled: bool = True,
     ) -> None: ...
     def post_write(
@@ -204,9 +207,9 @@ class QueuePair:
         remote_addr: int,
         rkey: int,
         offset: int = 0,
-        length: Optional[int] = None,
+        length: int | None = None,
         wr_id: int = 0,
-        imm: Optional[int] = None,
+        imm: int | None = None,
         signaled: bool = True,
     ) -> None: ...
     def post_read(
@@ -215,12 +218,18 @@ class QueuePair:
         remote_addr: int,
         rkey: int,
         offset: int = 0,
-        length: Optional[int] = None,
+        length: int | None = None,
         wr_id: int = 0,
         signaled: bool = True,
     ) -> None: ...
     def post_fetch_add(
-        self, mr: MemoryRegion, remote_addr: int, rkey: int, add: int, offset: int = 0, wr_id: int = 0
+        self,
+        mr: MemoryRegion,
+        remote_addr: int,
+        rkey: int,
+        add: int,
+        offset: int = 0,
+        wr_id: int = 0,
     ) -> None: ...
     def post_compare_swap(
         self,
@@ -240,7 +249,7 @@ class Connection:
     @property
     def remote_gid(self) -> str: ...
     @property
-    def remote_buffer(self) -> Optional[tuple[int, int, int]]: ...
+    def remote_buffer(self) -> tuple[int, int, int] | None: ...
     @property
     def mtu(self) -> int: ...
     @property
@@ -256,24 +265,70 @@ class Listener:
     def accept(
         self,
         qp: QueuePair,
-        mr: Optional[MemoryRegion] = None,
-        secret: Optional[bytes] = None,
+        mr: MemoryRegion | None = None,
+        secret: bytes | None = None,
         timeout: float = 10.0,
         mtu: int = 4096,
         ack_timeout: int = 14,
         retry_cnt: int = 7,
-        auth: Optional[str] = None,
-        wait: Optional[float] = None,
+        auth: str | None = None,
+        wait: float | None = None,
     ) -> Connection: ...
 
 def connect(
     address: str,
     qp: QueuePair,
-    mr: Optional[MemoryRegion] = None,
-    secret: Optional[bytes] = None,
+    mr: MemoryRegion | None = None,
+    secret: bytes | None = None,
     timeout: float = 10.0,
     mtu: int = 4096,
     ack_timeout: int = 14,
     retry_cnt: int = 7,
-    auth: Optional[str] = None,
+    auth: str | None = None,
 ) -> Connection: ...
+
+class XferError(MonelError): ...
+class UnknownSegmentError(XferError): ...
+class OutOfRangeError(XferError): ...
+class XferTimeoutError(XferError): ...
+class DuplicateNotificationError(XferError): ...
+
+class XferAgent:
+    def __init__(
+        self,
+        name: str,
+        device: str,
+        listen: str,
+        secret: bytes | None = None,
+        udp_port: int = 4791,
+        timeout: float = 10.0,
+        transport: str = "auto",
+        etcd: str | None = None,
+        job: str = "default",
+    ) -> None: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    def register(self, name: str, buffer: Any) -> None: ...
+    def deregister(self, name: str) -> None: ...
+    def write_local(self, name: str, offset: int, data: bytes) -> None: ...
+    def read_local(self, name: str, offset: int, length: int) -> bytes: ...
+    def connect(self, address: str) -> str: ...
+    def connect_name(self, name: str) -> str: ...
+    def registered(self) -> list[str]: ...
+    def transport(self, peer: str) -> str: ...
+    def peers(self) -> list[str]: ...
+    def remote_segments(self, peer: str) -> dict[str, int]: ...
+    def transfer(
+        self,
+        peer: str,
+        descs: list[tuple[str, str, int, str, int, int]],
+        notification: bytes | None = None,
+    ) -> int: ...
+    def status(self, batch: int) -> list[Any]: ...
+    def wait(self, batch: int, timeout: float = 30.0) -> list[Any]: ...
+    def notifications(self) -> list[tuple[str, int, bytes]]: ...
+    def wait_notifications(self, timeout: float = 30.0) -> list[tuple[str, int, bytes]]: ...
+    def flush(self, timeout: float = 10.0) -> None: ...
+    def refused(self) -> list[Any]: ...

@@ -30,8 +30,18 @@ from monel import InvalidArgumentError
 from monel import _frameworks as fw
 from monel._frameworks import init, rank, shutdown, size
 
-__all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "broadcast_parameters",
-           "init", "rank", "reduce_scatter", "shutdown", "size"]
+__all__ = [
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
+    "broadcast",
+    "broadcast_parameters",
+    "init",
+    "rank",
+    "reduce_scatter",
+    "shutdown",
+    "size",
+]
 
 
 def _traced(leaves) -> bool:
@@ -45,7 +55,8 @@ def _host(x: Any, what: str) -> np.ndarray:
         if platforms != {"cpu"}:
             raise InvalidArgumentError(
                 f"{what}: a jax array on {', '.join(sorted(platforms))}; monel.jax takes CPU "
-                "arrays (jax.device_put(x, jax.devices('cpu')[0]))")
+                "arrays (jax.device_put(x, jax.devices('cpu')[0]))"
+            )
         try:
             return np.from_dlpack(x)
         except (BufferError, TypeError, ValueError, RuntimeError):
@@ -103,8 +114,9 @@ def _per_leaf(fn, tree, what, shape_of):
     leaves = jax.tree_util.tree_leaves(tree)
     shapes = None
     if _traced(leaves):
-        shapes = [jax.ShapeDtypeStruct(shape_of(np.shape(x)), jax.numpy.result_type(x))
-                  for x in leaves]
+        shapes = [
+            jax.ShapeDtypeStruct(shape_of(np.shape(x)), jax.numpy.result_type(x)) for x in leaves
+        ]
     return _run(lambda xs: [fn(x) for x in xs], tree, what, shapes)
 
 
@@ -119,14 +131,17 @@ def all_gather(tree: Any) -> Any:
     """Every rank's leaf concatenated along the first axis in rank order (a scalar becomes a
     vector of `size()` values)."""
     n = size()
-    return _per_leaf(fw.all_gather, tree, "all_gather",
-                     lambda s: (n * s[0], *s[1:]) if s else (n,))
+    return _per_leaf(fw.all_gather, tree, "all_gather", lambda s: (n * s[0], *s[1:]) if s else (n,))
 
 
 def reduce_scatter(tree: Any, op: str = "sum") -> Any:
     """Reduces each leaf (first axis divisible by the ranks) and keeps this rank's block."""
-    return _per_leaf(lambda x: fw.reduce_scatter(x, op), tree, "reduce_scatter",
-                     lambda s: (_blocks(s, "reduce_scatter"), *s[1:]))
+    return _per_leaf(
+        lambda x: fw.reduce_scatter(x, op),
+        tree,
+        "reduce_scatter",
+        lambda s: (_blocks(s, "reduce_scatter"), *s[1:]),
+    )
 
 
 def all_to_all(tree: Any) -> Any:

@@ -15,6 +15,7 @@ machines without a GPU, and `jit_compile=False` keeps it off elsewhere.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import keras
@@ -23,22 +24,29 @@ from monel import InvalidArgumentError
 from monel import _frameworks as fw
 from monel._frameworks import init, rank, shutdown, size
 
-__all__ = ["BroadcastGlobalVariablesCallback", "DistributedOptimizer", "all_gather",
-           "all_reduce", "broadcast", "broadcast_variables", "init", "rank", "shutdown", "size"]
+__all__ = [
+    "BroadcastGlobalVariablesCallback",
+    "DistributedOptimizer",
+    "all_gather",
+    "all_reduce",
+    "broadcast",
+    "broadcast_variables",
+    "init",
+    "rank",
+    "shutdown",
+    "size",
+]
 
 
 def _backend():
     """The Monel module for Keras's back end."""
     name = keras.backend.backend()
-    if name == "tensorflow":
-        import monel.tensorflow as m
-    elif name == "jax":
-        import monel.jax as m
-    else:
-        raise InvalidArgumentError(
-            f"monel.keras runs on Keras's tensorflow and jax back ends, not {name!r} (on torch, "
-            "use torch.distributed with monel.torch)")
-    return m
+    if name in ("tensorflow", "jax"):
+        return importlib.import_module(f"monel.{name}")
+    raise InvalidArgumentError(
+        f"monel.keras runs on Keras's tensorflow and jax back ends, not {name!r} (on torch, "
+        "use torch.distributed with monel.torch)"
+    )
 
 
 def all_reduce(tree: Any, op: str = "sum") -> Any:
@@ -64,12 +72,19 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, op: str = "avg")
     base = type(optimizer)
 
     def apply(self, grads, trainable_variables=None):
-        return base.apply(self, fw.reduce_present(grads, lambda gs: all_reduce(gs, op)),
-                          trainable_variables)
+        return base.apply(
+            self, fw.reduce_present(grads, lambda gs: all_reduce(gs, op)), trainable_variables
+        )
 
-    cls = type(base.__name__, (base,), {"apply": apply, "__module__": __name__,
-                                        "__doc__": f"{base.__name__}, gradients reduced over "
-                                                   "the ranks by Monel."})
+    cls: Any = type(
+        base.__name__,
+        (base,),
+        {
+            "apply": apply,
+            "__module__": __name__,
+            "__doc__": f"{base.__name__}, gradients reduced over the ranks by Monel.",
+        },
+    )
     return cls.from_config(optimizer.get_config())
 
 

@@ -21,7 +21,8 @@ out of the fused buffer. Errors are raised as classes that are both Monel's and 
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Sequence, Union
+from collections.abc import Sequence
+from typing import Any, TypeAlias
 
 import mxnet as mx
 import numpy as np
@@ -32,11 +33,23 @@ from monel import InvalidArgumentError
 from monel import _frameworks as fw
 from monel._frameworks import init, rank, shutdown, size
 
-__all__ = ["DistributedTrainer", "all_gather", "all_reduce", "all_reduce_", "all_to_all",
-           "broadcast", "broadcast_", "broadcast_parameters", "init", "rank",
-           "reduce_scatter", "shutdown", "size"]
+__all__ = [
+    "DistributedTrainer",
+    "all_gather",
+    "all_reduce",
+    "all_reduce_",
+    "all_to_all",
+    "broadcast",
+    "broadcast_",
+    "broadcast_parameters",
+    "init",
+    "rank",
+    "reduce_scatter",
+    "shutdown",
+    "size",
+]
 
-NDArrays = Union[mx.nd.NDArray, Sequence[mx.nd.NDArray]]
+NDArrays: TypeAlias = mx.nd.NDArray | Sequence[mx.nd.NDArray]
 
 
 def _as_mx(e: monel.MonelError) -> Exception:
@@ -61,8 +74,10 @@ def _check(x: Any, what: str) -> mx.nd.NDArray:
     if x.stype != "default":
         raise InvalidArgumentError(f"{what}: a {x.stype} NDArray; Monel takes dense ones")
     if x.context.device_type != "cpu":
-        raise InvalidArgumentError(f"{what}: an NDArray on {x.context}; monel.mxnet takes CPU "
-                                   "NDArrays (x.as_in_context(mx.cpu()))")
+        raise InvalidArgumentError(
+            f"{what}: an NDArray on {x.context}; monel.mxnet takes CPU "
+            "NDArrays (x.as_in_context(mx.cpu()))"
+        )
     return x
 
 
@@ -156,7 +171,7 @@ def broadcast_parameters(params, root: int = 0) -> None:
         items = [v for _, v in sorted(params.items())]
     else:
         items = list(params)
-    arrays = []
+    arrays: list[mx.nd.NDArray] = []
     for p in items:
         arrays += p.list_data() if isinstance(p, mx.gluon.Parameter) else [p]
     broadcast_(arrays, root)
@@ -201,5 +216,6 @@ class DistributedTrainer(mx.gluon.Trainer):
         grads = [g for p in self._params if p.grad_req != "null" for g in p.list_grad()]
         if any(len(p.list_grad()) > 1 for p in self._params if p.grad_req != "null"):
             raise InvalidArgumentError(
-                "DistributedTrainer: parameters on several contexts; give each rank one")
+                "DistributedTrainer: parameters on several contexts; give each rank one"
+            )
         all_reduce_(grads, "sum")

@@ -38,20 +38,31 @@ from monel import InvalidArgumentError
 from monel import _frameworks as fw
 from monel._frameworks import init, rank, shutdown, size
 
-__all__ = ["DistributedGradientTape", "all_gather", "all_reduce", "all_to_all", "broadcast",
-           "broadcast_variables", "init", "rank", "reduce_scatter", "shutdown", "size"]
+__all__ = [
+    "DistributedGradientTape",
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
+    "broadcast",
+    "broadcast_variables",
+    "init",
+    "rank",
+    "reduce_scatter",
+    "shutdown",
+    "size",
+]
 
 
 def _tensor(x: Any, what: str) -> tf.Tensor:
     if isinstance(x, tf.Variable):
         x = x.value()
-    elif isinstance(x, tf.IndexedSlices):
-        x = tf.convert_to_tensor(x)
-    elif not isinstance(x, tf.Tensor):
+    elif isinstance(x, tf.IndexedSlices) or not isinstance(x, tf.Tensor):
         x = tf.convert_to_tensor(x)
     if x.device and "CPU" not in x.device.upper():
-        raise InvalidArgumentError(f"{what}: a tensor on {x.device}; monel.tensorflow takes "
-                                   "CPU tensors (with tf.device('/CPU:0'))")
+        raise InvalidArgumentError(
+            f"{what}: a tensor on {x.device}; monel.tensorflow takes "
+            "CPU tensors (with tf.device('/CPU:0'))"
+        )
     return x
 
 
@@ -110,8 +121,9 @@ def _run(host_fn, tree, what: str, shape_of=lambda s: s):
         return tree
     if not tf.executing_eagerly():
         ts = [_tensor(x, what) for x in leaves]
-        outs = tf.numpy_function(_in_graph(host_fn), ts, [t.dtype for t in ts],
-                                 stateful=True, name=f"monel_{what}")
+        outs = tf.numpy_function(
+            _in_graph(host_fn), ts, [t.dtype for t in ts], stateful=True, name=f"monel_{what}"
+        )
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
         for o, t in zip(outs, ts):
             o.set_shape(shape_of(t.shape))
@@ -151,15 +163,23 @@ def all_gather(tree: Any) -> Any:
     """Every rank's tensor concatenated along the first axis in rank order (a scalar becomes
     a vector of `size()` values)."""
     n = size()
-    return _run(lambda xs: [fw.all_gather(x) for x in xs], tree, "all_gather",
-                _first_axis(lambda d: n if d is None else n * d))
+    return _run(
+        lambda xs: [fw.all_gather(x) for x in xs],
+        tree,
+        "all_gather",
+        _first_axis(lambda d: n if d is None else n * d),
+    )
 
 
 def reduce_scatter(tree: Any, op: str = "sum") -> Any:
     """Reduces each tensor (first axis divisible by the ranks) and keeps this rank's block."""
     n = size()
-    return _run(lambda xs: [fw.reduce_scatter(x, op) for x in xs], tree, "reduce_scatter",
-                _first_axis(lambda d: None if d is None else d // n))
+    return _run(
+        lambda xs: [fw.reduce_scatter(x, op) for x in xs],
+        tree,
+        "reduce_scatter",
+        _first_axis(lambda d: None if d is None else d // n),
+    )
 
 
 def all_to_all(tree: Any) -> Any:

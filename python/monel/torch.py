@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from datetime import timedelta
-from typing import Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,7 +35,7 @@ import monel
 from monel import InvalidArgumentError
 from monel._tensors import tensors_in
 
-__all__ = ["ProcessGroupMonel", "BACKEND", "empty"]
+__all__ = ["BACKEND", "ProcessGroupMonel", "empty"]
 
 BACKEND = "monel"
 
@@ -60,7 +60,7 @@ def _op(reduce_op) -> str:
     raise InvalidArgumentError(f"reduction {reduce_op} is not supported by monel")
 
 
-def _call_timeout(opts) -> Optional[float]:
+def _call_timeout(opts) -> float | None:
     """A per-call timeout in seconds from torch's options (`None`: unset, the group's)."""
     t = getattr(opts, "timeout", None)
     if t is None:
@@ -82,10 +82,10 @@ class _Work(dist._Work):
     on the waiting thread when Monel has not started them yet); a future, for DDP's hooks
     and `get_future()`, is made only when asked for and completed by the completer thread."""
 
-    def __init__(self, completer: "_Completer", works, value, after=None):
+    def __init__(self, completer: _Completer, works, value, after=None):
         super().__init__()
         self._completer, self._works, self._value, self._after = completer, works, value, after
-        self._future: Optional[Future] = None
+        self._future: Future | None = None
 
     def _finish(self) -> None:
         for w in self._works:
@@ -141,6 +141,7 @@ class _Work(dist._Work):
 
 _AFTER_LOCK = threading.Lock()
 
+
 class _Completer:
     """Completes the futures asked of works, in order, on one daemon thread."""
 
@@ -180,7 +181,7 @@ class _Completer:
                 self._t.join()
 
 
-_COMPLETERS: "weakref.WeakSet[_Completer]" = weakref.WeakSet()
+_COMPLETERS: weakref.WeakSet[_Completer] = weakref.WeakSet()
 
 
 @atexit.register
@@ -194,13 +195,13 @@ class _Batch:
 
     def __init__(self) -> None:
         self.ops: list = []
-        self.works: Optional[list] = None
+        self.works: list | None = None
 
 
 class _LazyWork(_Work):
     """A send or receive held in a batch: asking about it issues the batch."""
 
-    def __init__(self, pg: "ProcessGroupMonel", batch: _Batch, value) -> None:
+    def __init__(self, pg: ProcessGroupMonel, batch: _Batch, value) -> None:
         super().__init__(pg._done, [], value)
         self._pg, self._batch = pg, batch
 
@@ -229,7 +230,7 @@ class _LazyWork(_Work):
 class ProcessGroupMonel(dist.ProcessGroup):
     """A torch process group over one Monel communicator."""
 
-    def __init__(self, store, rank: int, size: int, timeout: Optional[timedelta] = None):
+    def __init__(self, store, rank: int, size: int, timeout: timedelta | None = None):
         super().__init__(rank, size)
         self._rank, self._size = rank, size
         key = "monel/unique_id"
@@ -248,11 +249,11 @@ class ProcessGroupMonel(dist.ProcessGroup):
         self.comm._defer = True
         self._native = self.comm._c
         self._done = _Completer()
-        self._coalesced: Optional[list] = None
+        self._coalesced: list | None = None
         self._coalesced_cuda = None  # CUDA receives of a coalesced group, landed at its end
         self._cuda_device = None  # the CUDA device this group works on (its first tensor's)
-        self._cuda_ipc = "unset"  # CUDA IPC between this host's ranks: set up, or None
-        self._pending: Optional[_Batch] = None  # isend/irecv not issued yet
+        self._cuda_ipc: Any = "unset"  # CUDA IPC between this host's ranks: set up, or None
+        self._pending: _Batch | None = None  # isend/irecv not issued yet
         self._group_name = self._group_desc = ""
 
     # -- identity --------------------------------------------------------------------------
@@ -388,7 +389,9 @@ class ProcessGroupMonel(dist.ProcessGroup):
     _allgather_base = all_gather_single
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        works = [self.comm.all_gather(i.contiguous(), o, async_op=True) for o, i in zip(outputs, inputs)]
+        works = [
+            self.comm.all_gather(i.contiguous(), o, async_op=True) for o, i in zip(outputs, inputs)
+        ]
         return self._done.track(works, outputs)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
@@ -440,9 +443,13 @@ class ProcessGroupMonel(dist.ProcessGroup):
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         n = self._size
-        ops = [("send", input_tensors[p].contiguous(), p) for p in range(n) if input_tensors[p].numel()]
-        staged = [o if o.is_contiguous() else torch.empty_like(o, memory_format=torch.contiguous_format)
-                  for o in output_tensors]
+        ops = [
+            ("send", input_tensors[p].contiguous(), p) for p in range(n) if input_tensors[p].numel()
+        ]
+        staged = [
+            o if o.is_contiguous() else torch.empty_like(o, memory_format=torch.contiguous_format)
+            for o in output_tensors
+        ]
         ops += [("recv", staged[p], p) for p in range(n) if staged[p].numel()]
         w = self.comm.group(ops, async_op=True)
 
@@ -503,7 +510,7 @@ class ProcessGroupMonel(dist.ProcessGroup):
             for r, part in enumerate(gathered.split(flat.numel())):
                 at = 0
                 for out in output_lists[r]:
-                    out.copy_(part[at:at + out.numel()].view(out.shape))
+                    out.copy_(part[at : at + out.numel()].view(out.shape))
                     at += out.numel()
 
         return self._done.track(works, output_lists, scatter_back)
@@ -598,13 +605,27 @@ class ProcessGroupMonel(dist.ProcessGroup):
 # Every operation the backend has, and where its results land (argument indices; None: in
 # place, every argument; () for none).
 _OUTPUTS = {
-    "allreduce": None, "broadcast": None, "reduce": None,
-    "allgather": (0,), "all_gather_single": (0,), "_allgather_base": (0,),
-    "allgather_into_tensor_coalesced": (0,), "allgather_coalesced": (0,),
-    "reduce_scatter": (0,), "reduce_scatter_single": (0,), "_reduce_scatter_base": (0,),
-    "reduce_scatter_tensor_coalesced": (0,), "alltoall": (0,), "all_to_all_single": (0,),
-    "alltoall_base": (0,), "gather": (0,), "scatter": (0,), "barrier": (),
-    "send": (), "recv": (0,), "recv_anysource": (0,),
+    "allreduce": None,
+    "broadcast": None,
+    "reduce": None,
+    "allgather": (0,),
+    "all_gather_single": (0,),
+    "_allgather_base": (0,),
+    "allgather_into_tensor_coalesced": (0,),
+    "allgather_coalesced": (0,),
+    "reduce_scatter": (0,),
+    "reduce_scatter_single": (0,),
+    "_reduce_scatter_base": (0,),
+    "reduce_scatter_tensor_coalesced": (0,),
+    "alltoall": (0,),
+    "all_to_all_single": (0,),
+    "alltoall_base": (0,),
+    "gather": (0,),
+    "scatter": (0,),
+    "barrier": (),
+    "send": (),
+    "recv": (0,),
+    "recv_anysource": (0,),
 }
 # Sends and receives join the held batch (recv_anysource issues it itself).
 _P2P = ("send", "recv", "recv_anysource")
@@ -624,8 +645,10 @@ def _entry(method, name: str):
         opts = kwargs.get("opts", args[-1] if args else None)
         op = method
         if _call_timeout(opts) is not None:
+
             def op(pg, *a, **k):
                 return pg._timed(opts, lambda: method(pg, *a, **k))
+
         if not any(t.is_cuda for a in args for t in tensors_in(a)):
             return op(self, *args, **kwargs)
         from monel import _cuda

@@ -24,7 +24,8 @@ transfer on it may run, as with any RDMA memory. Every error is typed: `UnknownS
 from __future__ import annotations
 
 import time
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from collections.abc import Sequence
+from typing import Any
 
 from monel import _monel
 from monel._monel import (
@@ -49,7 +50,7 @@ __all__ = [
     "XferTimeoutError",
 ]
 
-Desc = Tuple[str, str, int, str, int, int]
+Desc = tuple[str, str, int, str, int, int]
 
 
 def _retrying(call, retry_for: float):
@@ -69,7 +70,7 @@ class BatchError(XferError):
     """Some descriptors of a batch failed: `errors` holds, per descriptor, None (done) or
     the exception it failed with."""
 
-    def __init__(self, errors: List[Optional[BaseException]]):
+    def __init__(self, errors: list[BaseException | None]):
         bad = [(i, e) for i, e in enumerate(errors) if e is not None]
         first = bad[0]
         super().__init__(
@@ -82,17 +83,17 @@ class BatchError(XferError):
 class Batch:
     """A batch in flight: `wait()` until it ends, `status()` to look without waiting."""
 
-    def __init__(self, agent: "Agent", id: int, n: int):
+    def __init__(self, agent: Agent, id: int, n: int):
         self._agent, self.id, self.n = agent, id, n
-        self._outcome: Optional[List[Any]] = None
+        self._outcome: list[Any] | None = None
 
-    def status(self) -> List[Any]:
+    def status(self) -> list[Any]:
         """Each descriptor's state: "pending", "done", or the exception it failed with."""
         if self._outcome is not None:
             return list(self._outcome)
         return self._agent._native.status(self.id)
 
-    def wait(self, timeout: float = 30.0, check: bool = True) -> List[Any]:
+    def wait(self, timeout: float = 30.0, check: bool = True) -> list[Any]:
         """Waits until every descriptor ended; returns their outcomes ("done" or an
         exception). With `check`, raises `BatchError` if any failed."""
         if self._outcome is None:
@@ -120,20 +121,21 @@ class Agent:
         self,
         name: str,
         device: str,
-        listen: Optional[str] = None,
-        secret: Union[bytes, str, None] = None,
+        listen: str | None = None,
+        secret: bytes | str | None = None,
         udp_port: int = 4791,
         timeout: float = 10.0,
         transport: str = "auto",
-        etcd: Optional[str] = None,
+        etcd: str | None = None,
         job: str = "default",
     ):
         if isinstance(secret, str):
             secret = secret.encode()
         if listen is None:
             listen = f"{device}:0"
-        self._native = _monel.XferAgent(name, device, listen, secret, udp_port, timeout,
-                                        transport, etcd, job)
+        self._native = _monel.XferAgent(
+            name, device, listen, secret, udp_port, timeout, transport, etcd, job
+        )
         self._keep: dict = {}
 
     @property
@@ -175,7 +177,7 @@ class Agent:
         agent not registered yet is looked for again for that many seconds."""
         return _retrying(lambda: self._native.connect_name(name), retry_for)
 
-    def registered(self) -> List[str]:
+    def registered(self) -> list[str]:
         """The agents registered in the job now (etcd), by name."""
         return self._native.registered()
 
@@ -183,7 +185,7 @@ class Agent:
         """The link `peer` is reached over: "shm", "rdma" or "tcp"."""
         return self._native.transport(peer)
 
-    def peers(self) -> List[str]:
+    def peers(self) -> list[str]:
         """The peers that introduced themselves and are not lost."""
         return self._native.peers()
 
@@ -203,7 +205,7 @@ class Agent:
             time.sleep(0.005)
 
     def transfer(
-        self, peer: str, descs: Sequence[Desc], notify: Union[bytes, str, None] = None
+        self, peer: str, descs: Sequence[Desc], notify: bytes | str | None = None
     ) -> Batch:
         """Starts a batch with `peer`. Each descriptor is (op, local segment, local offset,
         remote segment, remote offset, length), op "read" or "write"; `notify` reaches the
@@ -213,13 +215,13 @@ class Agent:
         descs = [(str(d[0]), str(d[1]), int(d[2]), str(d[3]), int(d[4]), int(d[5])) for d in descs]
         return Batch(self, self._native.transfer(peer, descs, notify), len(descs))
 
-    def notifications(self) -> List[Tuple[str, int, bytes]]:
+    def notifications(self) -> list[tuple[str, int, bytes]]:
         """Notifications received and not yet taken, oldest first: (sender, number, bytes)."""
         return self._native.notifications()
 
-    def wait_notifications(self, n: int = 1, timeout: float = 30.0) -> List[Tuple[str, int, bytes]]:
+    def wait_notifications(self, n: int = 1, timeout: float = 30.0) -> list[tuple[str, int, bytes]]:
         """Waits until at least `n` notifications arrived; returns them all, oldest first."""
-        got: List[Tuple[str, int, bytes]] = []
+        got: list[tuple[str, int, bytes]] = []
         end = time.monotonic() + timeout
         while len(got) < n:
             left = end - time.monotonic()
@@ -233,7 +235,7 @@ class Agent:
         delivered; an agent that goes does this first."""
         self._native.flush(timeout)
 
-    def refused(self) -> List[BaseException]:
+    def refused(self) -> list[BaseException]:
         """What peers sent that was refused without cutting them off, as exceptions."""
         return self._native.refused()
 

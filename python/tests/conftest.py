@@ -33,8 +33,14 @@ def free_port() -> int:
     raise RuntimeError(f"no free port between 10000 and {low}")
 
 
-def run_ranks(name: str, n: int, timeout: float = 60, env: dict | None = None, args=(),
-              script: Path = HERE / "workers.py"):
+def run_ranks(
+    name: str,
+    n: int,
+    timeout: float = 60,
+    env: dict | None = None,
+    args=(),
+    script: Path = HERE / "workers.py",
+):
     """Runs `NAME(...)` of the worker `script` (`workers.py` here) in n processes; returns
     [(returncode, stdout, stderr)] per rank."""
     return launch([str(script), name, *map(str, args)], n, timeout, env)
@@ -47,14 +53,27 @@ def launch(argv, n: int, timeout: float = 60, env: dict | None = None):
     procs = []
     for r in range(n):
         e = dict(os.environ)
-        e.update({
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
-            "WORLD_SIZE": str(n), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(n),
-            "MONEL_TIMEOUT": e.get("MONEL_TIMEOUT", "30"),
-        })
+        e.update(
+            {
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(r),
+                "WORLD_SIZE": str(n),
+                "LOCAL_RANK": str(r),
+                "LOCAL_WORLD_SIZE": str(n),
+                "MONEL_TIMEOUT": e.get("MONEL_TIMEOUT", "30"),
+            }
+        )
         e.update(env or {})
-        procs.append(subprocess.Popen([sys.executable, *map(str, argv)], env=e,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, *map(str, argv)],
+                env=e,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     out = []
     for p in procs:
         try:

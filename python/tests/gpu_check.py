@@ -68,8 +68,8 @@ def each_op(dev, n, dtype, r, w, checks):
     dist.all_gather_into_tensor(flat, data(n, dtype, r).to(dev))
     out["all_gather_into_tensor"] = flat
     flat = torch.zeros(w * n, dtype=dtype, device=dev)
-    flat[r * n:(r + 1) * n] = data(n, dtype, r + 5).to(dev)
-    dist.all_gather_into_tensor(flat, flat[r * n:(r + 1) * n])  # in place, as FSDP does
+    flat[r * n : (r + 1) * n] = data(n, dtype, r + 5).to(dev)
+    dist.all_gather_into_tensor(flat, flat[r * n : (r + 1) * n])  # in place, as FSDP does
     out["all_gather_in_place"] = flat
     rs = torch.zeros(n, dtype=dtype, device=dev)
     dist.reduce_scatter(rs, [c.to(dev) for c in data(w * n, dtype, r).chunk(w)])
@@ -83,8 +83,12 @@ def each_op(dev, n, dtype, r, w, checks):
     # Uneven: rank q sends q + 1 + p elements to rank p.
     ins = data(sum(r + 1 + p for p in range(w)), dtype, r).to(dev)
     outu = torch.zeros(sum(q + 1 + r for q in range(w)), dtype=dtype, device=dev)
-    dist.all_to_all_single(outu, ins, output_split_sizes=[q + 1 + r for q in range(w)],
-                           input_split_sizes=[r + 1 + p for p in range(w)])
+    dist.all_to_all_single(
+        outu,
+        ins,
+        output_split_sizes=[q + 1 + r for q in range(w)],
+        input_split_sizes=[r + 1 + p for p in range(w)],
+    )
     out["all_to_all_uneven"] = outu
     outl = [torch.zeros(n, dtype=dtype, device=dev) for _ in range(w)]
     dist.all_to_all(outl, [data(n, dtype, r * 10 + p).to(dev) for p in range(w)])
@@ -109,10 +113,12 @@ def each_op(dev, n, dtype, r, w, checks):
         checks[0] += len(out)
         return {k: v.cpu() for k, v in out.items()}
     recv = torch.zeros(n, dtype=dtype, device=dev)
-    reqs = dist.batch_isend_irecv([
-        dist.P2POp(dist.irecv, recv, (r - 1) % w),
-        dist.P2POp(dist.isend, data(n, dtype, r).to(dev), (r + 1) % w),
-    ])
+    reqs = dist.batch_isend_irecv(
+        [
+            dist.P2POp(dist.irecv, recv, (r - 1) % w),
+            dist.P2POp(dist.isend, data(n, dtype, r).to(dev), (r + 1) % w),
+        ]
+    )
     for q in reqs:
         q.wait()
     out["batch_isend_irecv"] = recv
@@ -165,8 +171,9 @@ def ops():
     work = dist.all_reduce(t, async_op=True)
     work.wait()
     u = t * 2
-    assert torch.equal(u.cpu(), torch.full((1 << 20,), float(2 * sum(range(1, w + 1))))), \
+    assert torch.equal(u.cpu(), torch.full((1 << 20,), float(2 * sum(range(1, w + 1))))), (
         "the all_reduce did not see the work queued before it, or wait() did not order after it"
+    )
     fut = dist.all_reduce(t2 := torch.ones(1000, device=dev), async_op=True).get_future()
     assert torch.equal(fut.wait()[0].cpu(), torch.full((1000,), float(w))), "future's value"
     assert torch.equal(t2.cpu(), torch.full((1000,), float(w)))
@@ -174,8 +181,12 @@ def ops():
     # Bad input: refused in words, and the communicator goes on.
     errors = []
     for what, call in (
-        ("mixed devices", lambda: dist.all_gather([torch.zeros(2, device=dev), torch.zeros(2)],
-                                                  torch.ones(2, device=dev))),
+        (
+            "mixed devices",
+            lambda: dist.all_gather(
+                [torch.zeros(2, device=dev), torch.zeros(2)], torch.ones(2, device=dev)
+            ),
+        ),
         ("non-contiguous", lambda: dist.all_reduce(torch.zeros(4, 4, device=dev).t())),
     ):
         try:
@@ -196,22 +207,33 @@ def ops():
         work.wait()
         u = t * 1
     other.synchronize()
-    assert torch.equal(u.cpu(), torch.full((1 << 18,), float(sum(range(1, w + 1))))), \
+    assert torch.equal(u.cpu(), torch.full((1 << 18,), float(sum(range(1, w + 1))))), (
         "wait() on another stream did not order it after the result"
+    )
     checks[0] += 1
     pg = dist.group.WORLD._get_backend(dev)
     path = "cuda-ipc" if getattr(pg, "_cuda_ipc", None) not in (None, "unset") else "host staging"
     if r == 0:
-        print(json.dumps({"phase": "ops", "path": path, "ranks": w,
-                          "device": torch.cuda.get_device_name(), "checks": checks[0],
-                          "errors": errors}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "phase": "ops",
+                    "path": path,
+                    "ranks": w,
+                    "device": torch.cuda.get_device_name(),
+                    "checks": checks[0],
+                    "errors": errors,
+                }
+            ),
+            flush=True,
+        )
     dist.destroy_process_group()
 
 
 def fsdp():
     """FSDP2 (fully_shard) on a CUDA module, on Monel, against the same model trained in
     one process on the whole batch: losses and final parameters agree to float rounding."""
-    import torch.nn as nn
+    from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -223,8 +245,9 @@ def fsdp():
     torch.manual_seed(0)
 
     def net():
-        return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                             nn.Linear(256, 10)).cuda()
+        return nn.Sequential(
+            nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)
+        ).cuda()
 
     model, ref = net(), net()
     ref.load_state_dict(model.state_dict())
@@ -237,8 +260,11 @@ def fsdp():
     worst_loss, losses = 0.0, []
     for step in range(8):
         g = torch.Generator().manual_seed(step)
-        x, y = torch.randn(8 * n, 64, generator=g).cuda(), torch.randint(0, 10, (8 * n,), generator=g).cuda()
-        loss = nn.functional.cross_entropy(model(x[r * 8:(r + 1) * 8]), y[r * 8:(r + 1) * 8])
+        x, y = (
+            torch.randn(8 * n, 64, generator=g).cuda(),
+            torch.randint(0, 10, (8 * n,), generator=g).cuda(),
+        )
+        loss = nn.functional.cross_entropy(model(x[r * 8 : (r + 1) * 8]), y[r * 8 : (r + 1) * 8])
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -253,8 +279,18 @@ def fsdp():
     full = {k: v.full_tensor() for k, v in model.state_dict().items()}
     worst_param = max((full[k] - v).abs().max().item() for k, v in ref.state_dict().items())
     if r == 0:
-        print(json.dumps({"phase": "fsdp", "steps": len(losses), "max_loss_diff": worst_loss,
-                          "max_param_diff": worst_param, "losses": losses}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "phase": "fsdp",
+                    "steps": len(losses),
+                    "max_loss_diff": worst_loss,
+                    "max_param_diff": worst_param,
+                    "losses": losses,
+                }
+            ),
+            flush=True,
+        )
     assert worst_loss < 1e-4 and worst_param < 1e-4, (worst_loss, worst_param)
     dist.destroy_process_group()
 
@@ -327,8 +363,15 @@ def comm(n=2):
         port = s.getsockname()[1]
     procs = []
     for r in range(n):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
-                   WORLD_SIZE=str(n), LOCAL_RANK=str(r), MONEL_TIMEOUT="60")
+        env = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(r),
+            WORLD_SIZE=str(n),
+            LOCAL_RANK=str(r),
+            MONEL_TIMEOUT="60",
+        )
         procs.append(subprocess.Popen([sys.executable, __file__, "comm-rank"], env=env))
     codes = [p.wait(timeout=150) for p in procs]
     assert codes == [0] * n, f"comm ranks exited {codes}"
@@ -361,9 +404,19 @@ def race(label):
                     times.append(time.perf_counter() - t0)
             med = statistics.median(times)
             if r == 0:
-                print(json.dumps({"phase": "race", "backend": label, "tensors": where,
-                                  "bytes": size, "median_us": med * 1e6, "ranks": w}),
-                      flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "phase": "race",
+                            "backend": label,
+                            "tensors": where,
+                            "bytes": size,
+                            "median_us": med * 1e6,
+                            "ranks": w,
+                        }
+                    ),
+                    flush=True,
+                )
     dist.destroy_process_group()
 
 
@@ -373,5 +426,10 @@ if __name__ == "__main__":
     if os.environ.get("GPU_CHECK_DUMP"):  # every thread's stack, while it seems stuck
         faulthandler.dump_traceback_later(int(os.environ["GPU_CHECK_DUMP"]), repeat=True)
     torch.cuda.set_device(0)
-    {"ops": ops, "fsdp": fsdp, "comm": comm, "comm-rank": comm_rank,
-     "race": lambda: race(sys.argv[2])}[sys.argv[1]]()
+    {
+        "ops": ops,
+        "fsdp": fsdp,
+        "comm": comm,
+        "comm-rank": comm_rank,
+        "race": lambda: race(sys.argv[2]),
+    }[sys.argv[1]]()

@@ -3,9 +3,9 @@ point to point, async handles, split, bad input, a mismatch and a dead peer."""
 
 import numpy as np
 import pytest
+from conftest import assert_ok, results, run_ranks
 
 import monel
-from conftest import assert_ok, results, run_ranks
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -88,16 +88,21 @@ def test_arrays_in_windows_reduce_directly(n):
     for _, _, err in outs:
         # The window calls went direct; the ordinary one took an algorithm.
         assert err.count("via window") >= 4, err
-        assert "count 5000 float op sum via" in err and "via window" not in [
-            line for line in err.splitlines() if "count 5000 " in line
-        ][0], err
+        assert (
+            "count 5000 float op sum via" in err
+            and "via window" not in [line for line in err.splitlines() if "count 5000 " in line][0]
+        ), err
 
 
 class _FakeCudaArray:
     """An object that claims CUDA memory (as CuPy's arrays do) at an address no GPU has."""
 
-    __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0x1000, False),
-                                "version": 2}
+    __cuda_array_interface__ = {
+        "shape": (4,),
+        "typestr": "<f4",
+        "data": (0x1000, False),
+        "version": 2,
+    }
 
 
 class _FakeDlpackCuda:

@@ -5,10 +5,11 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import EXAMPLES, assert_ok, free_port, results, run_ranks
 
-torch = pytest.importorskip("torch")  # the CI installs torch; without it this module is skipped loudly
+torch = pytest.importorskip(
+    "torch"
+)  # the CI installs torch; without it this module is skipped loudly
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -70,9 +71,17 @@ def train(tmp_path, backend, n, extra=()):
     if backend == "none":
         cmd = [sys.executable, str(EXAMPLES / "ddp_train.py")]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
-               "--master-port", str(free_port()), str(EXAMPLES / "ddp_train.py"),
-               "--check-grads"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(n),
+            "--master-port",
+            str(free_port()),
+            str(EXAMPLES / "ddp_train.py"),
+            "--check-grads",
+        ]
     cmd += ["--backend", backend, "--epochs", "2", "--json", str(out), *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -124,12 +133,18 @@ def test_cuda_ipc_reduces_in_rank_order_and_takes_what_it_can():
 
     from monel import _cuda_ipc
 
-    parts = [torch.tensor([1.5, -2.0, 8.0]), torch.tensor([0.25, 4.0, -1.0]),
-             torch.tensor([3.0, 0.5, 2.0])]
-    want = {"sum": parts[0] + parts[1] + parts[2], "prod": parts[0] * parts[1] * parts[2],
-            "min": torch.minimum(torch.minimum(parts[0], parts[1]), parts[2]),
-            "max": torch.maximum(torch.maximum(parts[0], parts[1]), parts[2]),
-            "avg": (parts[0] + parts[1] + parts[2]) / 3}
+    parts = [
+        torch.tensor([1.5, -2.0, 8.0]),
+        torch.tensor([0.25, 4.0, -1.0]),
+        torch.tensor([3.0, 0.5, 2.0]),
+    ]
+    want = {
+        "sum": parts[0] + parts[1] + parts[2],
+        "prod": parts[0] * parts[1] * parts[2],
+        "min": torch.minimum(torch.minimum(parts[0], parts[1]), parts[2]),
+        "max": torch.maximum(torch.maximum(parts[0], parts[1]), parts[2]),
+        "avg": (parts[0] + parts[1] + parts[2]) / 3,
+    }
     for op, w in want.items():
         out = torch.empty(3)
         _cuda_ipc._reduce(op, parts, out)

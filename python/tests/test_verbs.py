@@ -9,8 +9,8 @@ import threading
 
 import numpy as np
 import pytest
-
 from conftest import EXAMPLES, free_port
+
 from monel import InvalidArgumentError, MonelError, verbs
 
 ALL = (
@@ -93,7 +93,12 @@ def test_write_imm_read_send_and_atomics_land_in_numpy_arrays():
     wc = c.one()
     assert (wc.ok, wc.opcode, wc.wr_id) == (True, "rdma_write", 1)
     wc = s.one()
-    assert (wc.opcode, wc.imm, wc.byte_len, wc.wr_id) == ("recv_rdma_with_imm", 0xABCD, src.nbytes, 7)
+    assert (wc.opcode, wc.imm, wc.byte_len, wc.wr_id) == (
+        "recv_rdma_with_imm",
+        0xABCD,
+        src.nbytes,
+        7,
+    )
     assert np.array_equal(buf[:4096], src)
 
     # SEND into a posted receive.
@@ -261,8 +266,9 @@ def tuple_of(address):
 
 
 def test_dead_peer_ends_in_retry_exceeded_not_a_hang():
-    s, c, _, cconn = pair(lambda s: s.pd.reg_mr(np.zeros(64, np.uint8), ALL),
-                          ack_timeout=8, retry_cnt=2)
+    s, c, _, cconn = pair(
+        lambda s: s.pd.reg_mr(np.zeros(64, np.uint8), ALL), ack_timeout=8, retry_cnt=2
+    )
     addr, rkey, _ = cconn.remote_buffer
     src = c.pd.reg_mr(np.ones(64, np.uint8), 0)
     del s  # the server's NIC goes away
@@ -274,9 +280,20 @@ def test_dead_peer_ends_in_retry_exceeded_not_a_hang():
 def test_rdma_write_example_between_two_processes():
     port = free_port()
     r = subprocess.run(
-        [sys.executable, str(EXAMPLES / "rdma_write.py"), "--cm-port", str(port),
-         "--count", "300000", "--secret", "s3cret"],
-        capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            str(EXAMPLES / "rdma_write.py"),
+            "--cm-port",
+            str(port),
+            "--count",
+            "300000",
+            "--secret",
+            "s3cret",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
     assert "read back 1200000 B, all doubled" in r.stdout
     assert "counter is 5; done" in r.stdout

@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 import torch
-
 from conftest import EXAMPLES, free_port
+
 from monel import InvalidArgumentError, PeerLostError, xfer
 
 SECRET = "secret of the xfer tests"
@@ -22,10 +22,12 @@ SECRET = "secret of the xfer tests"
 
 def pair(n: int, secret_b: str = SECRET, transport: str = "auto"):
     """A decode-like and a prefill-like agent on their own loopback addresses."""
-    a = xfer.Agent(f"decode-{n}", f"127.0.7.{2 * n + 1}", secret=SECRET, udp_port=0,
-                   transport=transport)
-    b = xfer.Agent(f"prefill-{n}", f"127.0.7.{2 * n + 2}", secret=secret_b, udp_port=0,
-                   transport=transport)
+    a = xfer.Agent(
+        f"decode-{n}", f"127.0.7.{2 * n + 1}", secret=SECRET, udp_port=0, transport=transport
+    )
+    b = xfer.Agent(
+        f"prefill-{n}", f"127.0.7.{2 * n + 2}", secret=secret_b, udp_port=0, transport=transport
+    )
     return a, b
 
 
@@ -46,7 +48,7 @@ def test_in_place_segments_move_exact_bytes_and_notify_after_the_data(transport)
     descs = [("write", "blocks", k * 1024, "kv", 2 * 16384 + k * 1024, 1024) for k in range(64)]
     b = prefill.transfer(peer, descs, notify=b"request 7")
     assert b.wait() == ["done"] * 64
-    (sender, seq, msg), = decode.wait_notifications(1, timeout=10)
+    ((sender, seq, msg),) = decode.wait_notifications(1, timeout=10)
     assert (sender, seq, msg) == (f"prefill-{n}", 1, b"request 7")
     assert torch.equal(cache[2:6], torch.from_numpy(src))
     assert not cache[:2].any() and not cache[6:].any()
@@ -64,12 +66,16 @@ def test_bad_descriptors_fail_alone_with_typed_errors():
     decode.register("kv", cache)
     prefill.register("src", np.full(4096, 7, dtype=np.uint8))
     peer = prefill.connect(decode.address)
-    b = prefill.transfer(peer, [
-        ("write", "src", 0, "nope", 0, 16),          # unknown remote segment
-        ("write", "src", 0, "kv", 4090, 16),         # runs past the cache's end
-        ("write", "src", 0, "kv", 100, 16),          # fine
-        ("write", "src", 4095, "kv", 0, 2),          # runs past the local segment's end
-    ], notify=b"never")
+    b = prefill.transfer(
+        peer,
+        [
+            ("write", "src", 0, "nope", 0, 16),  # unknown remote segment
+            ("write", "src", 0, "kv", 4090, 16),  # runs past the cache's end
+            ("write", "src", 0, "kv", 100, 16),  # fine
+            ("write", "src", 4095, "kv", 0, 2),  # runs past the local segment's end
+        ],
+        notify=b"never",
+    )
     with pytest.raises(xfer.BatchError) as e:
         b.wait()
     errs = e.value.errors
@@ -113,11 +119,32 @@ def test_a_peer_without_the_secret_is_refused_and_the_agent_goes_on():
 @pytest.mark.parametrize("transport", ["rdma", "tcp", "shm"])
 def test_the_disaggregated_example_generates_exactly_the_single_process_tokens(transport):
     r = subprocess.run(
-        [sys.executable, str(EXAMPLES / "kv_disagg.py"), "--port", str(free_port()),
-         "--transport", transport,
-         "--requests", "4", "--dim", "128", "--layers", "2", "--heads", "4",
-         "--min-prompt", "20", "--max-prompt", "90", "--new-tokens", "8"],
-        capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            str(EXAMPLES / "kv_disagg.py"),
+            "--port",
+            str(free_port()),
+            "--transport",
+            transport,
+            "--requests",
+            "4",
+            "--dim",
+            "128",
+            "--layers",
+            "2",
+            "--heads",
+            "4",
+            "--min-prompt",
+            "20",
+            "--max-prompt",
+            "90",
+            "--new-tokens",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "4/4 requests generated exactly the single-process tokens" in r.stdout, r.stdout
     assert r.stdout.count("tokens equal") == 4, r.stdout
@@ -131,23 +158,41 @@ def test_agents_meet_by_name_through_a_real_etcd():
     with tempfile.TemporaryDirectory() as d:
         url, purl = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
         p = subprocess.Popen(
-            [etcd, "--name", "t", "--data-dir", d, "--listen-client-urls", url,
-             "--advertise-client-urls", url, "--listen-peer-urls", purl,
-             "--initial-advertise-peer-urls", purl, "--initial-cluster", f"t={purl}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                etcd,
+                "--name",
+                "t",
+                "--data-dir",
+                d,
+                "--listen-client-urls",
+                url,
+                "--advertise-client-urls",
+                url,
+                "--listen-peer-urls",
+                purl,
+                "--initial-advertise-peer-urls",
+                purl,
+                "--initial-cluster",
+                f"t={purl}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             ep = f"127.0.0.1:{client}"
             end = time.monotonic() + 20
             while True:
                 try:
-                    decode = xfer.Agent("decode-e", "127.0.7.21", secret=SECRET, udp_port=0,
-                                        etcd=ep, job="py")
+                    decode = xfer.Agent(
+                        "decode-e", "127.0.7.21", secret=SECRET, udp_port=0, etcd=ep, job="py"
+                    )
                     break
                 except xfer.XferError:
                     assert time.monotonic() < end, "etcd did not start"
                     time.sleep(0.2)
-            prefill = xfer.Agent("prefill-e", "127.0.7.22", secret=SECRET, udp_port=0,
-                                 etcd=ep, job="py")
+            prefill = xfer.Agent(
+                "prefill-e", "127.0.7.22", secret=SECRET, udp_port=0, etcd=ep, job="py"
+            )
             assert prefill.connect_name("decode-e") == "decode-e"
             assert sorted(prefill.registered()) == ["decode-e", "prefill-e"]
             with pytest.raises(InvalidArgumentError):

@@ -11,8 +11,17 @@ import numpy as np
 
 import monel
 
-NP_TYPES = [np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64, np.float16,
-            np.float32, np.float64]
+NP_TYPES = [
+    np.int8,
+    np.uint8,
+    np.int32,
+    np.uint32,
+    np.int64,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+]
 
 
 def inputs(rank, n, dtype, salt=0):
@@ -22,8 +31,13 @@ def inputs(rank, n, dtype, salt=0):
 
 def reduce_ref(arrs, op):
     a = np.stack([x.astype(np.float64) for x in arrs])
-    r = {"sum": a.sum(0), "prod": a.prod(0), "min": a.min(0), "max": a.max(0),
-         "avg": a.sum(0) / len(arrs)}[op]
+    r = {
+        "sum": a.sum(0),
+        "prod": a.prod(0),
+        "min": a.min(0),
+        "max": a.max(0),
+        "avg": a.sum(0) / len(arrs),
+    }[op]
     return r
 
 
@@ -68,10 +82,10 @@ def collectives():
             big = [inputs(q, count * n, dt, 1) for q in range(n)]
             rs = np.zeros(count, dt)
             c.reduce_scatter(big[r], rs)
-            assert close(rs, reduce_ref(big, "sum")[r * count:(r + 1) * count], dt)
+            assert close(rs, reduce_ref(big, "sum")[r * count : (r + 1) * count], dt)
             a2a = np.zeros(count * n, dt)
             c.all_to_all(big[r], a2a)
-            want = np.concatenate([big[q][r * count:(r + 1) * count] for q in range(n)])
+            want = np.concatenate([big[q][r * count : (r + 1) * count] for q in range(n)])
             assert np.array_equal(a2a, want)
             g = np.zeros(count * n, dt) if r == 1 % n else None
             c.gather(ins[r], g, root=1 % n)
@@ -79,7 +93,7 @@ def collectives():
                 assert np.array_equal(g, np.concatenate(ins))
             sc = np.zeros(count, dt)
             c.scatter(big[0] if r == 0 else None, sc, root=0)
-            assert np.array_equal(sc, big[0][r * count:(r + 1) * count])
+            assert np.array_equal(sc, big[0][r * count : (r + 1) * count])
             checks += 7
     # Point to point: a ring exchange in one group, then plain send/recv in order.
     nxt, prv = (r + 1) % n, (r - 1) % n
@@ -181,6 +195,7 @@ def bad_input():
     expect(monel.InvalidArgumentError, lambda: c.all_reduce(x[2:], x[:6]))
     try:
         import torch
+
         t = torch.ones(4, 4)
         expect(monel.InvalidArgumentError, lambda: c.all_reduce(t.t()))
         expect(monel.InvalidArgumentError, lambda: c.all_reduce(torch.ones(3, dtype=torch.bool)))
@@ -248,8 +263,17 @@ def dead_peer():
     try:
         c.all_reduce(np.ones(1 << 16, np.float32))
     except monel.MonelError as e:
-        print(json.dumps({"rank": c.rank, "error": type(e).__name__, "ranks": e.ranks,
-                          "msg": str(e), "seconds": time.monotonic() - t}))
+        print(
+            json.dumps(
+                {
+                    "rank": c.rank,
+                    "error": type(e).__name__,
+                    "ranks": e.ranks,
+                    "msg": str(e),
+                    "seconds": time.monotonic() - t,
+                }
+            )
+        )
         return
     raise AssertionError("the dead peer went unnoticed")
 
@@ -284,7 +308,7 @@ def windows():
     gc.collect()
     v[:] = 2.0
     c.all_reduce(v, op="prod")
-    assert (v == 2.0 ** n).all()
+    assert (v == 2.0**n).all()
     # An empty array, and a bad size.
     e = c.empty(0, np.float32)
     assert e.shape == (0,)
@@ -312,6 +336,7 @@ def windows():
 def torch_windows():
     import torch
     import torch.distributed as dist
+
     import monel.torch
 
     dist.init_process_group("monel")
@@ -340,13 +365,20 @@ def torch_windows():
 def torch_collectives():
     import torch
     import torch.distributed as dist
+
     import monel.torch  # noqa: F401
 
     dist.init_process_group("monel")
     r, n = dist.get_rank(), dist.get_world_size()
     assert dist.get_backend() == "monel"
-    for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
-               torch.int64):
+    for dt in (
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int32,
+        torch.int64,
+    ):
         t = torch.arange(6, dtype=dt) + r
         dist.all_reduce(t)
         assert torch.equal(t, (torch.arange(6) * n + sum(range(n))).to(dt)), (dt, t)
@@ -382,8 +414,9 @@ def torch_collectives():
     # Uneven splits: rank r sends q+1 elements to rank q.
     ins = torch.cat([torch.full((q + 1,), float(r)) for q in range(n)])
     out = torch.zeros(n * (r + 1))
-    dist.all_to_all_single(out, ins, output_split_sizes=[r + 1] * n,
-                           input_split_sizes=[q + 1 for q in range(n)])
+    dist.all_to_all_single(
+        out, ins, output_split_sizes=[r + 1] * n, input_split_sizes=[q + 1 for q in range(n)]
+    )
     assert torch.equal(out, torch.arange(n).repeat_interleave(r + 1).float())
     outl = [torch.zeros(2) for _ in range(n)]
     dist.all_to_all(outl, [torch.full((2,), float(r * 10 + q)) for q in range(n)])
@@ -401,10 +434,12 @@ def torch_collectives():
         x = torch.zeros(5)
         dist.recv(x, src=0)
         assert torch.equal(x, torch.arange(5.0))
-    reqs = dist.batch_isend_irecv([
-        dist.P2POp(dist.isend, torch.full((3,), float(r)), (r + 1) % n),
-        dist.P2POp(dist.irecv, recv := torch.zeros(3), (r - 1) % n),
-    ])
+    reqs = dist.batch_isend_irecv(
+        [
+            dist.P2POp(dist.isend, torch.full((3,), float(r)), (r + 1) % n),
+            dist.P2POp(dist.irecv, recv := torch.zeros(3), (r - 1) % n),
+        ]
+    )
     for q in reqs:
         q.wait()
     assert (recv == (r - 1) % n).all()
@@ -414,12 +449,14 @@ def torch_collectives():
     assert fut.done() and (t2 == n).all()
     # NCCL's in-place forms, as FSDP uses them: the input is this rank's slot of the output.
     whole = torch.zeros(n * 3)
-    whole[r * 3:(r + 1) * 3] = float(r)
-    dist.all_gather_into_tensor(whole, whole[r * 3:(r + 1) * 3])
+    whole[r * 3 : (r + 1) * 3] = float(r)
+    dist.all_gather_into_tensor(whole, whole[r * 3 : (r + 1) * 3])
     assert torch.equal(whole, torch.arange(n).repeat_interleave(3).float())
     src = torch.arange(n * 2, dtype=torch.float32) + r
-    dist.reduce_scatter_tensor(src[r * 2:(r + 1) * 2], src)
-    assert torch.equal(src[r * 2:(r + 1) * 2], (torch.arange(r * 2, r * 2 + 2) * n + sum(range(n))).float())
+    dist.reduce_scatter_tensor(src[r * 2 : (r + 1) * 2], src)
+    assert torch.equal(
+        src[r * 2 : (r + 1) * 2], (torch.arange(r * 2, r * 2 + 2) * n + sum(range(n))).float()
+    )
     objs = [None] * n
     dist.all_gather_object(objs, {"rank": r})
     assert [o["rank"] for o in objs] == list(range(n))
@@ -433,7 +470,7 @@ def fsdp_train():
     whole batch: losses and final parameters agree to float rounding."""
     import torch
     import torch.distributed as dist
-    import torch.nn as nn
+    from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -459,7 +496,7 @@ def fsdp_train():
     for step in range(6):
         g = torch.Generator().manual_seed(step)
         x, y = torch.randn(8 * n, 64, generator=g), torch.randint(0, 10, (8 * n,), generator=g)
-        loss = nn.functional.cross_entropy(model(x[r * 8:(r + 1) * 8]), y[r * 8:(r + 1) * 8])
+        loss = nn.functional.cross_entropy(model(x[r * 8 : (r + 1) * 8]), y[r * 8 : (r + 1) * 8])
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -521,10 +558,12 @@ def torch_tags():
     assert (big == (r - 1) % n).all()
     # batch_isend_irecv with tags: a ring, the receive posted first.
     recv = torch.zeros(4)
-    reqs = dist.batch_isend_irecv([
-        dist.P2POp(dist.irecv, recv, (r - 1) % n, tag=5),
-        dist.P2POp(dist.isend, torch.full((4,), float(r)), (r + 1) % n, tag=5),
-    ])
+    reqs = dist.batch_isend_irecv(
+        [
+            dist.P2POp(dist.irecv, recv, (r - 1) % n, tag=5),
+            dist.P2POp(dist.isend, torch.full((4,), float(r)), (r + 1) % n, tag=5),
+        ]
+    )
     for q in reqs:
         q.wait()
     assert (recv == (r - 1) % n).all()
@@ -573,8 +612,11 @@ def torch_semantics():
         except RuntimeError as e:
             err = str(e)
         assert err is not None, "the monitored barrier passed without the last rank"
-        want = (f"Rank {n - 1} failed to pass monitoredBarrier" if r == 0 else
-                f"Rank {r} successfully reached monitoredBarrier")
+        want = (
+            f"Rank {n - 1} failed to pass monitoredBarrier"
+            if r == 0
+            else f"Rank {r} successfully reached monitoredBarrier"
+        )
         assert want in err, err
     print(json.dumps({"rank": r, "ok": True, "error": err}))
     os._exit(0)  # the world's communicator failed on purpose: no orderly goodbye
@@ -585,7 +627,8 @@ def torch_errors():
     the rank that made the mistake, a mismatch on every rank, and a dead peer named."""
     import torch
     import torch.distributed as dist
-    import monel.torch  # noqa: F401
+
+    import monel.torch
 
     dist.init_process_group("monel")
     r, n = dist.get_rank(), dist.get_world_size()
@@ -612,7 +655,8 @@ def torch_dead_peer():
     error naming it, within MONEL_TIMEOUT."""
     import torch
     import torch.distributed as dist
-    import monel.torch  # noqa: F401
+
+    import monel.torch
 
     dist.init_process_group("monel")
     r, n = dist.get_rank(), dist.get_world_size()
@@ -627,8 +671,18 @@ def torch_dead_peer():
         else:
             dist.all_reduce(x, async_op=True).wait()
     except monel.MonelError as e:
-        print(json.dumps({"rank": r, "error": type(e).__name__, "ranks": e.ranks,
-                          "msg": str(e), "seconds": time.monotonic() - t0}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "rank": r,
+                    "error": type(e).__name__,
+                    "ranks": e.ranks,
+                    "msg": str(e),
+                    "seconds": time.monotonic() - t0,
+                }
+            ),
+            flush=True,
+        )
         os._exit(0)
     raise AssertionError("the dead peer went unnoticed")
 

@@ -29,8 +29,9 @@ if "TEMP_DIR" not in os.environ:  # the test process; the ranks it spawns inheri
     os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="monel-suite-")
     atexit.register(shutil.rmtree, os.environ["TEMP_DIR"], True)
 
-import monel.torch  # noqa: E402,F401  (registers the backend, in every spawned rank too)
 from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
+
+import monel.torch  # noqa: E402,F401  (registers the backend, in every spawned rank too)
 
 for feature in ("plugin", "ddp", "subgroup"):
     DistTestCases.backend_feature[feature].add("monel")

@@ -11,9 +11,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from workers import inputs, reduce_ref  # noqa: E402
+from workers import inputs, reduce_ref
 
-import monel  # noqa: E402
+import monel
 
 BIG = 300_001  # float32 elements: over the fusion limit, so reduced straight from the input
 
@@ -34,6 +34,7 @@ def check_collectives(mod, to_fw, to_np, compile_, dtypes):
     modes = [("eager", lambda f: f)] + ([("compiled", compile_)] if compile_ else [])
     checks = 0
     for name, np_type in dtypes:
+
         def mk(rank, shape, salt=0):
             size = int(np.prod(shape, dtype=np.int64))
             return inputs(rank, size, np.float32, salt).reshape(shape).astype(np_type)
@@ -47,8 +48,14 @@ def check_collectives(mod, to_fw, to_np, compile_, dtypes):
                     want = reduce_ref([mk(q, s, i).astype(np.float64) for q in range(n)], op)
                     g = to_np(got["x"][i])
                     assert g.shape == s, (mode, op, g.shape, s)
-                    assert _close(g, want, name), (name, mode, op, s, g.ravel()[:4],
-                                                   np.ravel(want)[:4])
+                    assert _close(g, want, name), (
+                        name,
+                        mode,
+                        op,
+                        s,
+                        g.ravel()[:4],
+                        np.ravel(want)[:4],
+                    )
                     checks += 1
             root = n - 1
             got = wrap(lambda t: mod.broadcast(t, root=root))([to_fw(mk(r, (5,)))])
@@ -61,11 +68,11 @@ def check_collectives(mod, to_fw, to_np, compile_, dtypes):
             assert _close(to_np(got), want, name), (to_np(got), want)
             x = [mk(q, (2 * n, 3)) for q in range(n)]
             got = to_np(wrap(lambda t: mod.reduce_scatter(t, op="sum"))(to_fw(x[r])))
-            want = reduce_ref([a.astype(np.float64) for a in x], "sum")[2 * r:2 * r + 2]
+            want = reduce_ref([a.astype(np.float64) for a in x], "sum")[2 * r : 2 * r + 2]
             assert got.shape == (2, 3) and _close(got, want, name), (got, want)
             x = [mk(q, (2 * n,), 5) for q in range(n)]
             got = to_np(wrap(mod.all_to_all)(to_fw(x[r])))
-            want = np.concatenate([x[q][2 * r:2 * r + 2] for q in range(n)]).astype(np.float64)
+            want = np.concatenate([x[q][2 * r : 2 * r + 2] for q in range(n)]).astype(np.float64)
             assert _close(got, want, name), (got, want)
             checks += 5
     return checks
@@ -89,12 +96,21 @@ def dead_peer(mod, to_fw, kinds):
     t = time.monotonic()
     errors = []
     e = expect(errors, kinds, lambda: mod.all_reduce(to_fw(np.ones(1 << 16, np.float32))))
-    print(json.dumps({"rank": mod.rank(), "errors": errors, "ranks": getattr(e, "ranks", []),
-                      "monel": isinstance(e, monel.MonelError),
-                      "seconds": time.monotonic() - t}))
+    print(
+        json.dumps(
+            {
+                "rank": mod.rank(),
+                "errors": errors,
+                "ranks": getattr(e, "ranks", []),
+                "monel": isinstance(e, monel.MonelError),
+                "seconds": time.monotonic() - t,
+            }
+        )
+    )
 
 
 # -- JAX -------------------------------------------------------------------------------------
+
 
 def _jax():
     import jax
@@ -109,10 +125,14 @@ def _jax():
 def jax_collectives():
     jax, jnp, mj = _jax()
     out = []
-    to_np = lambda x: (out.append(type(x)), np.asarray(x))[1]  # noqa: E731
-    checks = check_collectives(mj, jnp.asarray, to_np, jax.jit,
-                               [("float32", np.float32), ("int32", np.int32),
-                                ("bfloat16", jnp.bfloat16)])
+    to_np = lambda x: (out.append(type(x)), np.asarray(x))[1]
+    checks = check_collectives(
+        mj,
+        jnp.asarray,
+        to_np,
+        jax.jit,
+        [("float32", np.float32), ("int32", np.int32), ("bfloat16", jnp.bfloat16)],
+    )
     assert all(issubclass(t, jax.Array) for t in out), set(out)
     print(json.dumps({"rank": mj.rank(), "checks": checks}))
 
@@ -123,10 +143,12 @@ def jax_errors():
     errors = []
     # Shapes that differ across ranks (the same bytes in all): Monel's typed error, eagerly
     # and from inside jit (where JAX re-raises a callback's error as its own).
-    expect(errors, monel.MismatchError,
-           lambda: mj.all_reduce([jnp.ones((2, 3) if r == 0 else (3, 2))]))
-    e = expect(errors, Exception,
-               lambda: jax.jit(mj.all_reduce)(jnp.ones(3 + r)).block_until_ready())
+    expect(
+        errors, monel.MismatchError, lambda: mj.all_reduce([jnp.ones((2, 3) if r == 0 else (3, 2))])
+    )
+    e = expect(
+        errors, Exception, lambda: jax.jit(mj.all_reduce)(jnp.ones(3 + r)).block_until_ready()
+    )
     assert "MismatchError" in str(e), str(e)[:500]
     expect(errors, monel.InvalidArgumentError, lambda: mj.all_reduce(jnp.ones(3), op="mean"))
     expect(errors, monel.InvalidArgumentError, lambda: mj.reduce_scatter(jnp.ones(3)))
@@ -142,11 +164,11 @@ def jax_dead_peer():
 
     import monel.jax as mj
 
-    dead_peer(mj, jnp.asarray, (monel.PeerLostError, monel.CommTimeoutError,
-                                monel.AbortedError))
+    dead_peer(mj, jnp.asarray, (monel.PeerLostError, monel.CommTimeoutError, monel.AbortedError))
 
 
 # -- TensorFlow ------------------------------------------------------------------------------
+
 
 def _tf():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -161,10 +183,14 @@ def _tf():
 def tf_collectives():
     tf, mtf = _tf()
     out = []
-    to_np = lambda x: (out.append(type(x)), np.asarray(x.numpy()))[1]  # noqa: E731
-    checks = check_collectives(mtf, tf.constant, to_np, tf.function,
-                               [("float32", np.float32), ("int32", np.int32),
-                                ("bfloat16", tf.bfloat16.as_numpy_dtype)])
+    to_np = lambda x: (out.append(type(x)), np.asarray(x.numpy()))[1]
+    checks = check_collectives(
+        mtf,
+        tf.constant,
+        to_np,
+        tf.function,
+        [("float32", np.float32), ("int32", np.int32), ("bfloat16", tf.bfloat16.as_numpy_dtype)],
+    )
     assert all(issubclass(t, tf.Tensor) for t in out), set(out)
     # Variables: broadcast into them, eagerly and in a graph.
     r = mtf.rank()
@@ -189,17 +215,20 @@ def tf_errors():
     r = mtf.rank()
     errors = []
     # Eagerly a Monel error is also TensorFlow's; in a graph TensorFlow's own type.
-    e = expect(errors, monel.MismatchError,
-               lambda: mtf.all_reduce([tf.ones((2, 3) if r == 0 else (3, 2))]))
+    e = expect(
+        errors, monel.MismatchError, lambda: mtf.all_reduce([tf.ones((2, 3) if r == 0 else (3, 2))])
+    )
     assert isinstance(e, tf.errors.InvalidArgumentError), type(e).__mro__
-    e = expect(errors, tf.errors.InvalidArgumentError,
-               lambda: tf.function(mtf.all_reduce)(tf.ones(3 + r)))
+    e = expect(
+        errors, tf.errors.InvalidArgumentError, lambda: tf.function(mtf.all_reduce)(tf.ones(3 + r))
+    )
     assert "MismatchError" in str(e), str(e)[:500]
     e = expect(errors, monel.InvalidArgumentError, lambda: mtf.all_reduce(tf.ones(3), op="mean"))
     assert isinstance(e, tf.errors.InvalidArgumentError)
     expect(errors, monel.InvalidArgumentError, lambda: mtf.reduce_scatter(tf.ones(3)))
-    expect(errors, tf.errors.InvalidArgumentError,
-           lambda: tf.function(mtf.reduce_scatter)(tf.ones(3)))
+    expect(
+        errors, tf.errors.InvalidArgumentError, lambda: tf.function(mtf.reduce_scatter)(tf.ones(3))
+    )
     expect(errors, monel.InvalidArgumentError, lambda: mtf.all_reduce(tf.ones(3, tf.complex64)))
     assert float(mtf.all_reduce(tf.ones(())).numpy()) == mtf.size()
     print(json.dumps({"rank": r, "errors": errors}))
@@ -210,11 +239,15 @@ def tf_dead_peer():
 
     import monel.tensorflow as mtf
 
-    dead_peer(mtf, tf.constant, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
-                                 tf.errors.AbortedError))
+    dead_peer(
+        mtf,
+        tf.constant,
+        (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError),
+    )
 
 
 # -- MXNet -----------------------------------------------------------------------------------
+
 
 def _mx():
     import mxnet as mx
@@ -228,7 +261,7 @@ def _mx():
 def mxnet_collectives():
     mx, mmx = _mx()
     out = []
-    to_np = lambda x: (out.append(type(x)), x.asnumpy())[1]  # noqa: E731
+    to_np = lambda x: (out.append(type(x)), x.asnumpy())[1]
 
     class Nested:
         """monel.mxnet takes an NDArray or a list: the nests of the shared check, flattened."""
@@ -242,8 +275,13 @@ def mxnet_collectives():
         def broadcast(self, t, root):
             return mmx.broadcast(t, root)
 
-    checks = check_collectives(Nested(), lambda a: mx.nd.array(a, dtype=a.dtype), to_np, None,
-                               [("float32", np.float32), ("int32", np.int32)])
+    checks = check_collectives(
+        Nested(),
+        lambda a: mx.nd.array(a, dtype=a.dtype),
+        to_np,
+        None,
+        [("float32", np.float32), ("int32", np.int32)],
+    )
     assert all(issubclass(t, mx.nd.NDArray) for t in out), set(out)
     r, n = mmx.rank(), mmx.size()
     # In place: small ones fused, a big one straight in the NDArray's memory.
@@ -263,14 +301,20 @@ def mxnet_errors():
     mx, mmx = _mx()
     r = mmx.rank()
     errors = []
-    e = expect(errors, monel.MismatchError,
-               lambda: mmx.all_reduce([mx.nd.ones((2, 3) if r == 0 else (3, 2))]))
+    e = expect(
+        errors,
+        monel.MismatchError,
+        lambda: mmx.all_reduce([mx.nd.ones((2, 3) if r == 0 else (3, 2))]),
+    )
     assert isinstance(e, mx.base.MXNetError), type(e).__mro__
     e = expect(errors, monel.InvalidArgumentError, lambda: mmx.all_reduce(mx.nd.ones(3), "mean"))
     assert isinstance(e, mx.base.MXNetError)
     expect(errors, monel.InvalidArgumentError, lambda: mmx.all_reduce(np.ones(3)))
-    expect(errors, monel.InvalidArgumentError,
-           lambda: mmx.all_reduce(mx.nd.ones((4, 4)).tostype("csr")))
+    expect(
+        errors,
+        monel.InvalidArgumentError,
+        lambda: mmx.all_reduce(mx.nd.ones((4, 4)).tostype("csr")),
+    )
     expect(errors, monel.InvalidArgumentError, lambda: mmx.reduce_scatter(mx.nd.ones(3)))
     assert float(mmx.all_reduce(mx.nd.ones(1)).asscalar()) == mmx.size()
     print(json.dumps({"rank": r, "errors": errors}))
