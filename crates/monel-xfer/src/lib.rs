@@ -30,7 +30,7 @@ pub mod wire;
 
 pub use agent::{Agent, AgentConfig, BatchId, Transport};
 pub use batch::{Batch, Desc, DescState, Op, Plan, Slice};
-pub use error::{Result, XferError};
+pub use error::{Cause, Result, XferError};
 pub use monel_peer::TransportKind;
 pub use notify::{Inbox, Notification, Outbox};
 pub use registry::Registry;

@@ -17,6 +17,7 @@ pub(crate) fn secret_from(env: &dyn Fn(&str) -> Option<String>) -> Result<Option
                 CclError::invalid(format!("MONEL_SECRET_FILE={p:?} is empty"))
             } else {
                 CclError::invalid(format!("MONEL_SECRET_FILE={p:?}: cannot read it ({e})"))
+                    .with_source(e)
             }
         })?
     } else if let Some(v) = env("MONEL_SECRET") {

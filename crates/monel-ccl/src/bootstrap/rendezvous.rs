@@ -261,7 +261,8 @@ pub(crate) fn rendezvous(
                 return Err(CclError::bootstrap(format!(
                     "rank {rank}: no rendezvous at {} ({e})",
                     id.root
-                )));
+                ))
+                .with_source(e));
             }
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
@@ -285,6 +286,7 @@ pub(crate) fn rendezvous(
             )
         } else {
             CclError::bootstrap(format!("rank {rank}: rendezvous at {}: {e}", id.root))
+                .with_source(e)
         }
     };
     let not_root = || {

@@ -202,8 +202,8 @@ impl Nic {
     pub(crate) unsafe fn register(&self, ptr: *mut u8, len: usize) -> io::Result<Arc<Registered>> {
         // SAFETY: the caller keeps the memory valid while the registration lives, and the
         // NIC only reads it for writes whose callers leave it unchanged until they settle.
-        let mr = unsafe { self.pd.reg_mr_raw(ptr, len, AccessFlags::NONE) }
-            .map_err(|e| io::Error::other(e.to_string()))?;
+        let mr =
+            unsafe { self.pd.reg_mr_raw(ptr, len, AccessFlags::NONE) }.map_err(io::Error::other)?;
         let r = Arc::new(Registered { mr });
         let mut all = self
             .registered
@@ -707,7 +707,7 @@ impl State {
                     ..SendFlags::default()
                 },
             })
-            .map_err(|e| io::Error::other(e.to_string()))?;
+            .map_err(io::Error::other)?;
         self.msgs_sent += 1;
         self.sq_posted += 1;
         Ok(n)
@@ -836,11 +836,11 @@ impl RdmaLink {
         let tx = nic
             .pd
             .reg_mr(vec![0; o.ring_len], AccessFlags::NONE)
-            .map_err(|e| io::Error::other(e.to_string()))?;
+            .map_err(io::Error::other)?;
         let credit_out = nic
             .pd
             .reg_mr(vec![0; 16], AccessFlags::NONE)
-            .map_err(|e| io::Error::other(e.to_string()))?;
+            .map_err(io::Error::other)?;
         tcp.set_nonblocking(true)?;
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
         epoll.add(ep.cq.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, 0))?;

@@ -186,7 +186,8 @@ fn closed(c: &TcpStream) -> bool {
 
 /// The process at the other end of `u`, from the kernel, held by a pidfd.
 fn peer_of(u: &UnixStream) -> Result<Found> {
-    let cred = getsockopt(u, PeerCredentials).map_err(|e| XferError::Transport(e.to_string()))?;
+    let cred =
+        getsockopt(u, PeerCredentials).map_err(|e| XferError::from(std::io::Error::from(e)))?;
     let pid = cred.pid();
     if pid <= 0 {
         return Err(XferError::Transport(

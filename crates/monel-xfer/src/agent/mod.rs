@@ -268,11 +268,11 @@ pub struct Agent {
 }
 
 fn verbs(e: VerbsError) -> XferError {
-    XferError::Transport(e.to_string())
+    XferError::from(e)
 }
 
 fn io(e: std::io::Error) -> XferError {
-    XferError::Transport(e.to_string())
+    XferError::from(e)
 }
 
 impl Agent {
@@ -334,11 +334,11 @@ impl Agent {
             std::thread::Builder::new()
                 .name(format!("xfer-accept-{}", shared.name))
                 .spawn(move || accept_loop(&s1, listener))
-                .map_err(|e| XferError::Transport(e.to_string()))?,
+                .map_err(io)?,
             std::thread::Builder::new()
                 .name(format!("xfer-progress-{}", shared.name))
                 .spawn(move || rdma::progress_loop(&s2))
-                .map_err(|e| XferError::Transport(e.to_string()))?,
+                .map_err(io)?,
         ];
         if let (Some(id), Some(r)) = (lease, shared.cfg.registry.clone()) {
             let s3 = shared.clone();
@@ -346,7 +346,7 @@ impl Agent {
                 std::thread::Builder::new()
                     .name(format!("xfer-lease-{}", shared.name))
                     .spawn(move || keep_lease(&s3, &r, id))
-                    .map_err(|e| XferError::Transport(e.to_string()))?,
+                    .map_err(io)?,
             );
         }
         Ok(Self {
