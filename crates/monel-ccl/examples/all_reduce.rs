@@ -3,7 +3,7 @@
 //!
 //!   cargo run --release -p monel-ccl --example all_reduce [RANKS]
 
-use monel_ccl::{CommConfig, Communicator, DataType, RedOp, UniqueId};
+use monel_ccl::{CommConfig, Communicator, RedOp, UniqueId};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n: usize = std::env::args()
@@ -20,18 +20,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let mut comm = Communicator::init_rank(n, rank, &id, CommConfig::default())?;
                 // Rank r contributes [r, r + 1, ..., r + 7].
                 let mine: Vec<f32> = (0..8).map(|i| (rank + i) as f32).collect();
-                let send: Vec<u8> = mine.iter().flat_map(|x| x.to_le_bytes()).collect();
-                let mut recv = vec![0u8; send.len()];
-                comm.all_reduce(&send, &mut recv, mine.len(), DataType::F32, RedOp::Sum)?;
+                let mut sum = vec![0f32; mine.len()];
+                comm.all_reduce_slice(&mine, &mut sum, RedOp::Sum)?;
                 if rank == 0 {
                     for p in comm.paths() {
                         println!("{p}");
                     }
                 }
-                Ok(recv
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
-                    .collect())
+                Ok(sum)
             })
         })
         .collect();

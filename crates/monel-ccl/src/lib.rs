@@ -29,7 +29,7 @@ mod window;
 
 pub use bootstrap::UniqueId;
 pub use comm::{
-    CommConfig, Communicator, GroupOp, Io, MONITORED_BARRIER_TAG, STASH_MAX, Transports,
+    CommConfig, Communicator, Element, GroupOp, Io, MONITORED_BARRIER_TAG, STASH_MAX, Transports,
 };
 pub use error::{CclError, ErrorKind, Result};
 pub use monel_sched::{Algorithm, Collective, CollectiveKind, DataType, RedOp};

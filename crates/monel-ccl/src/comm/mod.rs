@@ -24,6 +24,7 @@ mod monitored;
 mod signature;
 mod status;
 mod tuning;
+mod typed;
 mod windows;
 
 pub use config::{CommConfig, Transports};
@@ -35,6 +36,7 @@ pub use matching::STASH_MAX;
 pub use monitored::MONITORED_BARRIER_TAG;
 use signature::{Fnv, SchedKey, describe_sig};
 use status::{Status, query_status, serve_status};
+pub use typed::Element;
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
