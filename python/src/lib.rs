@@ -310,9 +310,7 @@ fn run_op(c: &mut Communicator, op: Op) -> Result<Outcome, CclError> {
             recv,
         } => c
             .collective(
-                coll,
-                dtype,
-                count,
+                monel_ccl::Call::new(coll, dtype, count),
                 io(coll, c, count, dtype.size(), send, recv)?,
             )
             .map(|()| Outcome::Done),

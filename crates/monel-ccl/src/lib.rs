@@ -32,6 +32,6 @@ pub use comm::{
     CommConfig, Communicator, Element, GroupOp, Io, MONITORED_BARRIER_TAG, STASH_MAX, Transports,
 };
 pub use error::{CclError, ErrorKind, Result};
-pub use monel_sched::{Algorithm, Collective, CollectiveKind, DataType, RedOp};
+pub use monel_sched::{Algorithm, Call, Collective, CollectiveKind, DataType, RedOp};
 pub use transport::{RdmaConfig, ShmConfig};
 pub use window::{MIN_BYTES as WINDOW_MIN_BYTES, Window};

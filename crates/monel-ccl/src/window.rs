@@ -262,7 +262,7 @@ impl Windows {
 }
 
 /// One call, as this rank sees it.
-pub(crate) struct Call<'a> {
+pub(crate) struct DirectCall<'a> {
     pub(crate) coll: Collective,
     pub(crate) coll_code: u8,
     pub(crate) dtype: DataType,
@@ -427,7 +427,7 @@ impl View {
 }
 
 /// Runs one collective directly on window buffers (see the module docs).
-pub(crate) fn run(w: &mut Windows, mut c: Call<'_>) -> Result<()> {
+pub(crate) fn run(w: &mut Windows, mut c: DirectCall<'_>) -> Result<()> {
     let (n, me) = (c.nranks, c.rank);
     let ctl = w
         .ctl
@@ -482,7 +482,7 @@ pub(crate) fn run(w: &mut Windows, mut c: Call<'_>) -> Result<()> {
 }
 
 /// This rank's share of the call, after the first meeting.
-fn work(w: &Windows, c: &mut Call<'_>, all: &[&Ctl], op: RedOp, root: usize) -> Result<()> {
+fn work(w: &Windows, c: &mut DirectCall<'_>, all: &[&Ctl], op: RedOp, root: usize) -> Result<()> {
     let (n, me, es) = (c.nranks, c.rank, c.dtype.size());
     let count = c.count;
     // Each rank's send and receive buffers as mapped here.

@@ -424,7 +424,10 @@ fn bad_arguments_are_refused_locally_and_the_communicator_lives_on() {
             .unwrap_err();
         assert!(e.message.contains("recvbuff has 8 bytes"), "{e}");
         let e = c
-            .collective(Collective::AllToAll, DataType::U8, 1, Io::InPlace(&mut out))
+            .collective(
+                monel_ccl::Call::new(Collective::AllToAll, DataType::U8, 1),
+                Io::InPlace(&mut out),
+            )
             .unwrap_err();
         assert!(e.message.contains("no in-place form"), "{e}");
         // Still usable.

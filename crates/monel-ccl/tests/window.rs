@@ -125,13 +125,17 @@ fn call(
         let buf = &mut recv[off..off + len * es];
         buf.fill(0);
         buf[io_off * es..io_off * es + data.len()].copy_from_slice(&data);
-        c.collective(coll, t, count, Io::InPlace(buf)).unwrap();
+        c.collective(monel_ccl::Call::new(coll, t, count), Io::InPlace(buf))
+            .unwrap();
         (buf[oo * es..oo * es + outs * es].to_vec(), c.last_path())
     } else {
         let recv = &mut recv[off..off + outs * es];
         recv.fill(0);
-        c.collective(coll, t, count, Io::Separate { send, recv })
-            .unwrap();
+        c.collective(
+            monel_ccl::Call::new(coll, t, count),
+            Io::Separate { send, recv },
+        )
+        .unwrap();
         (recv.to_vec(), c.last_path())
     }
 }

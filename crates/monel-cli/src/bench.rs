@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use monel_ccl::{Collective, Communicator, DataType, Io, RedOp};
+use monel_ccl::{Call, Collective, Communicator, DataType, Io, RedOp};
 use monel_sched::CollectiveKind;
 use monel_sched::fp8::Fp8;
 
@@ -327,7 +327,7 @@ pub(crate) fn run(a: &BenchArgs) -> anyhow::Result<()> {
                 } else {
                     Io::Separate { send, recv: out }
                 };
-                comm.collective(coll, t, count, io)
+                comm.collective(Call::new(coll, t, count), io)
                     .map_err(|e| anyhow::anyhow!("{e}"))
             };
             let us = time_calls(&mut comm, a.warmup, a.iters, a.target_ms, &mut |c| {

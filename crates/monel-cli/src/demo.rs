@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use monel_ccl::{Collective, Communicator, DataType, Io, RedOp};
+use monel_ccl::{Call, Collective, Communicator, DataType, Io, RedOp};
 
 use crate::bench::{count_wrong, encode, time_calls, val};
 use crate::launch;
@@ -99,9 +99,7 @@ fn verify(
     let mut out = vec![0u8; outs * es];
     let t0 = Instant::now();
     comm.collective(
-        coll,
-        t,
-        count,
+        Call::new(coll, t, count),
         Io::Separate {
             send: &input,
             recv: &mut out,
@@ -113,7 +111,7 @@ fn verify(
     if let Some((len, io, oo)) = coll.in_place_layout(n, r, count) {
         let mut buf = vec![0u8; len * es];
         buf[io * es..io * es + input.len()].copy_from_slice(&input);
-        comm.collective(coll, t, count, Io::InPlace(&mut buf))
+        comm.collective(Call::new(coll, t, count), Io::InPlace(&mut buf))
             .map_err(ccl)?;
         wrong[1] = count_wrong(coll, t, op, n, r, count, &buf[oo * es..]) as i64;
     } else {

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use monel_sched::plan::{Algorithm, Collective, schedule_ordered};
+use monel_sched::plan::{Algorithm, Collective, ScheduleRequest};
 use monel_sched::schedule::Schedule;
 
 use crate::cluster::Cluster;
@@ -213,17 +213,18 @@ struct Placed<'a> {
 
 impl Placed<'_> {
     fn sched(&self, count: usize, r: usize) -> Result<Schedule, PlanError> {
-        schedule_ordered(
-            self.spec.coll,
-            self.spec.algo,
-            self.n,
-            r,
+        ScheduleRequest {
+            coll: self.spec.coll,
+            algo: self.spec.algo,
+            ranks: self.n,
+            rank: r,
             count,
-            TREE_SLICE,
-            false,
-            &self.order,
-            self.per_host,
-        )
+            slice: TREE_SLICE,
+            in_place: false,
+            order: &self.order,
+            per_host: self.per_host,
+        }
+        .build()
         .map_err(|e| invalid("algorithm", e.to_string()))
     }
 

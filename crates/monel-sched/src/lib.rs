@@ -26,4 +26,4 @@ pub mod tune;
 
 pub use dtype::{DataType, RedOp};
 pub use error::{SchedError, SchedErrorKind};
-pub use plan::{Algorithm, Collective, CollectiveKind};
+pub use plan::{Algorithm, Call, Collective, CollectiveKind, ScheduleRequest};

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::dtype::RedOp;
+use crate::dtype::{DataType, RedOp};
 use crate::error::{Result, SchedError};
 use crate::schedule::{self as sch, Schedule};
 
@@ -343,61 +343,113 @@ pub fn is_order(order: &[usize], n: usize) -> bool {
             .all(|&x| x < n && !std::mem::replace(&mut seen[x], true))
 }
 
-/// Rank `r`'s schedule, as [`schedule`], with the ranks taking their places in rings, trees
-/// and exchanges in `order` (`order[k]` is the rank at place k: ranks of one host next to
-/// each other, so a ring crosses between hosts once per host). Only where the result does
-/// not depend on which rank holds which part: AllReduce by every algorithm but the
-/// deterministic one (its reduction order is by rank). Other collectives, and the identity
-/// order, get [`schedule`]'s. `per_host` is how many ranks each host has when every host has
-/// as many (the places in `order` then go host by host), 0 when not: the hierarchical
-/// AllReduce ([`Algorithm::Hier`]) needs it, and is the ring without it.
-#[allow(clippy::too_many_arguments)]
-pub fn schedule_ordered(
-    coll: Collective,
-    algo: Algorithm,
-    n: usize,
-    r: usize,
-    count: usize,
-    slice: usize,
-    in_place: bool,
-    order: &[usize],
-    per_host: usize,
-) -> Result<Schedule> {
-    if !is_order(order, n) {
-        return Err(SchedError::invalid(format!(
-            "rank order {order:?} is not a permutation of 0..{n}"
-        )));
+/// One call of a collective as every rank makes it: which one (with its operation and
+/// root), on what data type, and how many elements (per rank where the collective counts
+/// so; see [`Collective::sizes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Call {
+    /// The collective, with its reduction and root.
+    pub coll: Collective,
+    /// The element type.
+    pub dtype: DataType,
+    /// The element count.
+    pub count: usize,
+}
+
+impl Call {
+    /// The call of `coll` on `count` elements of `dtype`.
+    pub const fn new(coll: Collective, dtype: DataType, count: usize) -> Self {
+        Self { coll, dtype, count }
     }
-    let reorders = matches!(coll, Collective::AllReduce(_))
-        && algo != Algorithm::Deterministic
-        && order.iter().enumerate().any(|(k, &x)| k != x);
-    // Only the hierarchy needs the hosts; everything else is `schedule`'s.
-    let build = |r: usize| match (coll, algo) {
-        (Collective::AllReduce(o), Algorithm::Hier) => Ok(sch::allreduce_hier(
-            n,
-            r,
+
+    /// The bytes of `count` elements.
+    pub const fn bytes(&self) -> usize {
+        self.count * self.dtype.size()
+    }
+}
+
+/// What one rank's schedule depends on: the collective and its element count, the
+/// algorithm, the pipelining unit, the buffers' form, and where the ranks sit.
+///
+/// `order[k]` is the rank at place k (ranks of one host next to each other, so a ring
+/// crosses between hosts once per host); it is used only where the result does not depend on
+/// which rank holds which part: AllReduce by every algorithm but the deterministic one (its
+/// reduction order is by rank). Other collectives, and the identity order, get
+/// [`schedule`]'s. `per_host` is how many ranks each host has when every host has as many
+/// (the places in `order` then go host by host), 0 when not: the hierarchical AllReduce
+/// ([`Algorithm::Hier`]) needs it, and is the ring without it.
+#[derive(Debug, Clone, Copy)]
+pub struct ScheduleRequest<'a> {
+    /// The collective.
+    pub coll: Collective,
+    /// Its algorithm.
+    pub algo: Algorithm,
+    /// Elements (as [`Call::count`]).
+    pub count: usize,
+    /// The pipelining unit, in elements (see [`schedule`]).
+    pub slice: usize,
+    /// The in-place form, where the schedule differs.
+    pub in_place: bool,
+    /// How many ranks.
+    pub ranks: usize,
+    /// The rank whose schedule this is.
+    pub rank: usize,
+    /// The ranks in place order (a permutation of `0..ranks`).
+    pub order: &'a [usize],
+    /// Ranks per host when every host has as many, else 0.
+    pub per_host: usize,
+}
+
+impl ScheduleRequest<'_> {
+    /// The rank's schedule.
+    pub fn build(&self) -> Result<Schedule> {
+        let Self {
+            coll,
+            algo,
             count,
             slice,
-            o == RedOp::Avg,
+            in_place,
+            ranks: n,
+            rank: r,
+            order,
             per_host,
-        )),
-        _ => schedule(coll, algo, n, r, count, slice, in_place),
-    };
-    if !reorders {
-        return build(r);
+        } = *self;
+        if !is_order(order, n) {
+            return Err(SchedError::invalid(format!(
+                "rank order {order:?} is not a permutation of 0..{n}"
+            )));
+        }
+        let reorders = matches!(coll, Collective::AllReduce(_))
+            && algo != Algorithm::Deterministic
+            && order.iter().enumerate().any(|(k, &x)| k != x);
+        // Only the hierarchy needs the hosts; everything else is `schedule`'s.
+        let build = |r: usize| match (coll, algo) {
+            (Collective::AllReduce(o), Algorithm::Hier) => Ok(sch::allreduce_hier(
+                n,
+                r,
+                count,
+                slice,
+                o == RedOp::Avg,
+                per_host,
+            )),
+            _ => schedule(coll, algo, n, r, count, slice, in_place),
+        };
+        if !reorders {
+            return build(r);
+        }
+        let place = order.iter().position(|&x| x == r).ok_or_else(|| {
+            SchedError::invalid(format!("rank {r} is not in the rank order {order:?}"))
+        })?;
+        let mut s = build(place)?;
+        s.relabel(order);
+        Ok(s)
     }
-    let place = order.iter().position(|&x| x == r).ok_or_else(|| {
-        SchedError::invalid(format!("rank {r} is not in the rank order {order:?}"))
-    })?;
-    let mut s = build(place)?;
-    s.relabel(order);
-    Ok(s)
 }
 
 /// Rank `r`'s schedule of `coll` over `n` ranks with `algo`. `slice` is the pipelining unit
 /// (elements) of chains and trees, and of the AllReduce ring, which runs on pieces of `n`
 /// slices in turn; `in_place` selects the in-place form where the schedule differs. The
-/// hosts are unknown here: [`Algorithm::Hier`] is the ring (see [`schedule_ordered`]).
+/// hosts are unknown here: [`Algorithm::Hier`] is the ring (see [`ScheduleRequest`]).
 pub fn schedule(
     coll: Collective,
     algo: Algorithm,

@@ -85,7 +85,7 @@ struct Case {
     count: usize,
     in_place: bool,
     seed: u64,
-    /// The ranks' places in rings and trees (`plan::schedule_ordered`).
+    /// The ranks' places in rings and trees (`plan::ScheduleRequest`).
     order: Vec<usize>,
     /// Ranks per host, the places in `order` host by host (0: hosts unknown).
     per_host: usize,
@@ -150,9 +150,18 @@ fn run_case(c: &Case) -> Result<(), String> {
         .collect();
     let scheds: Vec<_> = (0..n)
         .map(|r| {
-            plan::schedule_ordered(
-                c.coll, c.algo, n, r, count, 3, c.in_place, &c.order, c.per_host,
-            )
+            plan::ScheduleRequest {
+                coll: c.coll,
+                algo: c.algo,
+                ranks: n,
+                rank: r,
+                count,
+                slice: 3,
+                in_place: c.in_place,
+                order: &c.order,
+                per_host: c.per_host,
+            }
+            .build()
             .unwrap()
         })
         .collect();
@@ -440,17 +449,18 @@ fn an_ordered_allreduce_ring_passes_between_neighbours_in_the_order() {
     let host = |r: usize| r % 2;
     let mut crossings = 0;
     for r in 0..n {
-        let s = plan::schedule_ordered(
-            Collective::AllReduce(RedOp::Sum),
-            Algorithm::Ring,
-            n,
-            r,
-            1000,
-            10,
-            false,
-            &order,
-            0,
-        )
+        let s = plan::ScheduleRequest {
+            coll: Collective::AllReduce(RedOp::Sum),
+            algo: Algorithm::Ring,
+            ranks: n,
+            rank: r,
+            count: 1000,
+            slice: 10,
+            in_place: false,
+            order: &order,
+            per_host: 0,
+        }
+        .build()
         .unwrap();
         let place = order.iter().position(|&x| x == r).unwrap();
         let next = order[(place + 1) % n];
@@ -471,34 +481,36 @@ fn an_ordered_allreduce_ring_passes_between_neighbours_in_the_order() {
     assert_eq!((0..n).filter(|&r| host((r + 1) % n) != host(r)).count(), 4);
     // Collectives whose result depends on the places keep the ranks' own numbers.
     let ag = |o: &[usize]| {
-        plan::schedule_ordered(
-            Collective::AllGather,
-            Algorithm::Ring,
-            n,
-            1,
-            10,
-            10,
-            false,
-            o,
-            0,
-        )
+        plan::ScheduleRequest {
+            coll: Collective::AllGather,
+            algo: Algorithm::Ring,
+            ranks: n,
+            rank: 1,
+            count: 10,
+            slice: 10,
+            in_place: false,
+            order: o,
+            per_host: 0,
+        }
+        .build()
         .unwrap()
     };
     assert_eq!(ag(&order), ag(&[0, 1, 2, 3, 4]));
     // An order that is not a permutation is refused.
     for bad in [&[0, 1, 1, 3, 4][..], &[0, 1, 2], &[0, 1, 2, 3, 5]] {
         assert!(
-            plan::schedule_ordered(
-                Collective::AllReduce(RedOp::Sum),
-                Algorithm::Ring,
-                n,
-                0,
-                10,
-                10,
-                false,
-                bad,
-                0
-            )
+            plan::ScheduleRequest {
+                coll: Collective::AllReduce(RedOp::Sum),
+                algo: Algorithm::Ring,
+                ranks: n,
+                rank: 0,
+                count: 10,
+                slice: 10,
+                in_place: false,
+                order: bad,
+                per_host: 0
+            }
+            .build()
             .is_err()
         );
     }
@@ -546,17 +558,18 @@ fn the_hierarchical_allreduce_reduces_inside_hosts_and_crosses_with_parts() {
         let count = 1200 * n;
         let mut out_of_host = vec![0usize; hosts];
         for r in 0..n {
-            let s = plan::schedule_ordered(
-                Collective::AllReduce(RedOp::Sum),
-                Algorithm::Hier,
-                n,
-                r,
+            let s = plan::ScheduleRequest {
+                coll: Collective::AllReduce(RedOp::Sum),
+                algo: Algorithm::Hier,
+                ranks: n,
+                rank: r,
                 count,
-                100,
-                false,
-                &order,
-                local,
-            )
+                slice: 100,
+                in_place: false,
+                order: &order,
+                per_host: local,
+            }
+            .build()
             .unwrap();
             let peers = s.peers();
             let (inside, across): (Vec<usize>, Vec<usize>) =

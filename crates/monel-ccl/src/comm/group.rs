@@ -5,7 +5,7 @@ use std::sync::PoisonError;
 
 use monel_sched::buffers::Buffers;
 use monel_sched::dtype::DataType;
-use monel_sched::plan::Collective;
+use monel_sched::plan::{Call, Collective};
 use monel_sched::schedule::{Buf, Op, Schedule, Span, Step};
 
 use super::{Communicator, Io, part};
@@ -172,7 +172,7 @@ impl Communicator {
             self.point_to_point(sends, waiting)?;
         }
         for (coll, dtype, count, io) in colls {
-            self.collective(coll, dtype, count, io)?;
+            self.collective(Call::new(coll, dtype, count), io)?;
         }
         Ok(())
     }

@@ -52,7 +52,7 @@ use crate::liveness::{Liveness, PeerState};
 use crate::window::Windows;
 use monel_sched::buffers::Buffers;
 use monel_sched::dtype::{DataType, RedOp};
-use monel_sched::plan::{self, Algorithm, Collective};
+use monel_sched::plan::{self, Algorithm, Call, Collective};
 use monel_sched::schedule::Schedule;
 use monel_sched::tune::{self};
 
@@ -153,11 +153,12 @@ impl Communicator {
     }
 
     /// [`Self::algorithm_for`], remembering the cost model's answer for the call's shape.
-    fn choose_cached(&mut self, coll: Collective, dtype: DataType, count: usize) -> Algorithm {
+    fn choose_cached(&mut self, call: Call) -> Algorithm {
+        let coll = call.coll;
         if let Some(a) = self.forced(coll) {
             return a;
         }
-        let (code, bytes) = (coll.code(), count * dtype.size());
+        let (code, bytes) = (coll.code(), call.bytes());
         let slot = (bytes.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58 ^ usize::from(code)) % CHOICES;
         match self.choices[slot] {
             Some((c, b, a)) if c == code && b == bytes => a,
@@ -198,13 +199,8 @@ impl Communicator {
 
     /// Runs a collective on raw bytes. Validation errors leave the communicator usable;
     /// failures during communication abort it (later calls return [`ErrorKind::Aborted`]).
-    pub fn collective(
-        &mut self,
-        coll: Collective,
-        dtype: DataType,
-        count: usize,
-        io: Io<'_>,
-    ) -> Result<()> {
+    pub fn collective(&mut self, call: Call, io: Io<'_>) -> Result<()> {
+        let Call { coll, dtype, count } = call;
         if let Some(e) = &self.failed {
             return Err(CclError::new(
                 ErrorKind::Aborted,
@@ -242,7 +238,7 @@ impl Communicator {
                     )));
                 }
                 let (sp, rp) = (send.as_ptr(), recv.as_mut_ptr());
-                if let Some(res) = self.try_window(coll, dtype, count, sp, rp) {
+                if let Some(res) = self.try_window(call, sp, rp) {
                     return res;
                 }
                 Buffers::separate(
@@ -270,13 +266,13 @@ impl Communicator {
                 // elements, which the buffer holds (checked above).
                 #[allow(unsafe_code)]
                 let (sp, rp) = unsafe { (base.add(io_ * es).cast_const(), base.add(oo * es)) };
-                if let Some(res) = self.try_window(coll, dtype, count, sp, rp) {
+                if let Some(res) = self.try_window(call, sp, rp) {
                     return res;
                 }
                 Buffers::in_place(&mut buf[..len * es], io_, oo, dtype, op, n)
             }
         };
-        let algo = self.choose_cached(coll, dtype, count);
+        let algo = self.choose_cached(call);
         let mut begun = None;
         if algo == Algorithm::Direct
             && n == 2
@@ -284,7 +280,7 @@ impl Communicator {
             && count > 0
             && count * es <= TINY
         {
-            let sig = self.begin(coll, dtype, count, Some(algo));
+            let sig = self.begin(call, Some(algo));
             if let Some(res) = self.tiny_pair(sig, op, count, &mut bufs) {
                 self.last_path = algo.name();
                 let res = match res {
@@ -310,17 +306,20 @@ impl Communicator {
         let sched = match self.schedules.get(&key) {
             Some(s) => s.clone(),
             None => {
-                let s = Arc::new(plan::schedule_ordered(
-                    coll,
-                    algo,
-                    n,
-                    r,
-                    count,
-                    slice,
-                    in_place,
-                    &self.order,
-                    self.per_host,
-                )?);
+                let s = Arc::new(
+                    plan::ScheduleRequest {
+                        coll,
+                        algo,
+                        ranks: n,
+                        rank: r,
+                        count,
+                        slice,
+                        in_place,
+                        order: &self.order,
+                        per_host: self.per_host,
+                    }
+                    .build()?,
+                );
                 if self.schedules.len() >= SCHEDULE_CACHE {
                     self.schedules.clear();
                 }
@@ -331,7 +330,7 @@ impl Communicator {
         let mut bufs = bufs.with_scratch(std::mem::take(&mut self.scratch));
         let sig = match begun {
             Some(sig) => sig,
-            None => self.begin(coll, dtype, count, Some(algo)),
+            None => self.begin(call, Some(algo)),
         };
         tracing::info!(
             target: "monel::coll",
@@ -354,13 +353,8 @@ impl Communicator {
 
     /// Starts a collective: the next sequence number, its signature (with the algorithm
     /// its messages follow, if any), the status "running".
-    fn begin(
-        &mut self,
-        coll: Collective,
-        dtype: DataType,
-        count: usize,
-        algo: Option<Algorithm>,
-    ) -> Signature {
+    fn begin(&mut self, call: Call, algo: Option<Algorithm>) -> Signature {
+        let Call { coll, dtype, count } = call;
         self.seq += 1;
         let sig = Signature {
             seq: self.seq,
@@ -467,9 +461,7 @@ impl Communicator {
         op: RedOp,
     ) -> Result<()> {
         self.collective(
-            Collective::AllReduce(op),
-            dtype,
-            count,
+            Call::new(Collective::AllReduce(op), dtype, count),
             Io::Separate { send, recv },
         )
     }
@@ -481,7 +473,10 @@ impl Communicator {
         dtype: DataType,
         op: RedOp,
     ) -> Result<()> {
-        self.collective(Collective::AllReduce(op), dtype, count, Io::InPlace(buf))
+        self.collective(
+            Call::new(Collective::AllReduce(op), dtype, count),
+            Io::InPlace(buf),
+        )
     }
     /// Broadcast (`ncclBroadcast`); `send` is read at the root only.
     pub fn broadcast(
@@ -493,9 +488,7 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         self.collective(
-            Collective::Broadcast(root),
-            dtype,
-            count,
+            Call::new(Collective::Broadcast(root), dtype, count),
             Io::Separate { send, recv },
         )
     }
@@ -507,7 +500,10 @@ impl Communicator {
         dtype: DataType,
         root: usize,
     ) -> Result<()> {
-        self.collective(Collective::Broadcast(root), dtype, count, Io::InPlace(buf))
+        self.collective(
+            Call::new(Collective::Broadcast(root), dtype, count),
+            Io::InPlace(buf),
+        )
     }
     /// Reduce (`ncclReduce`); `recv` is written at the root only.
     pub fn reduce(
@@ -520,9 +516,7 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         self.collective(
-            Collective::Reduce(op, root),
-            dtype,
-            count,
+            Call::new(Collective::Reduce(op, root), dtype, count),
             Io::Separate { send, recv },
         )
     }
@@ -535,9 +529,7 @@ impl Communicator {
         dtype: DataType,
     ) -> Result<()> {
         self.collective(
-            Collective::AllGather,
-            dtype,
-            count,
+            Call::new(Collective::AllGather, dtype, count),
             Io::Separate { send, recv },
         )
     }
@@ -551,9 +543,7 @@ impl Communicator {
         op: RedOp,
     ) -> Result<()> {
         self.collective(
-            Collective::ReduceScatter(op),
-            dtype,
-            count,
+            Call::new(Collective::ReduceScatter(op), dtype, count),
             Io::Separate { send, recv },
         )
     }
@@ -566,9 +556,7 @@ impl Communicator {
         dtype: DataType,
     ) -> Result<()> {
         self.collective(
-            Collective::AllToAll,
-            dtype,
-            count,
+            Call::new(Collective::AllToAll, dtype, count),
             Io::Separate { send, recv },
         )
     }
@@ -582,9 +570,7 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         self.collective(
-            Collective::Gather(root),
-            dtype,
-            count,
+            Call::new(Collective::Gather(root), dtype, count),
             Io::Separate { send, recv },
         )
     }
@@ -598,15 +584,16 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         self.collective(
-            Collective::Scatter(root),
-            dtype,
-            count,
+            Call::new(Collective::Scatter(root), dtype, count),
             Io::Separate { send, recv },
         )
     }
     /// Barrier.
     pub fn barrier(&mut self) -> Result<()> {
-        self.collective(Collective::Barrier, DataType::U8, 0, Io::InPlace(&mut []))
+        self.collective(
+            Call::new(Collective::Barrier, DataType::U8, 0),
+            Io::InPlace(&mut []),
+        )
     }
 
     /// Splits into sub-communicators (`ncclCommSplit`): the ranks that pass the same

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use monel_sched::dtype::{DataType, RedOp};
-use monel_sched::plan::Collective;
+use monel_sched::plan::Call;
 use monel_sched::tune::TransportKind;
 
 use super::{Communicator, describe_sig};
@@ -22,12 +22,11 @@ impl Communicator {
     /// path). `None`: take the ordinary path.
     pub(super) fn try_window(
         &mut self,
-        coll: Collective,
-        dtype: DataType,
-        count: usize,
+        call: Call,
         send: *const u8,
         recv: *mut u8,
     ) -> Option<Result<()>> {
+        let Call { coll, dtype, count } = call;
         let es = dtype.size();
         if !self.windows.ready() || self.cfg.algo.is_some() || count * es < window::MIN_BYTES {
             return None;
@@ -41,19 +40,18 @@ impl Communicator {
         if s.is_none() && r.is_none() {
             return None;
         }
-        Some(self.run_direct(coll, dtype, count, (send, s, send_len), (recv, r, recv_len)))
+        Some(self.run_direct(call, (send, s, send_len), (recv, r, recv_len)))
     }
 
     /// Runs a collective directly on window buffers ([`window::run`]).
     pub(super) fn run_direct(
         &mut self,
-        coll: Collective,
-        dtype: DataType,
-        count: usize,
+        call: Call,
         send: (*const u8, Loc, usize),
         recv: (*mut u8, Loc, usize),
     ) -> Result<()> {
-        let sig = self.begin(coll, dtype, count, None);
+        let Call { coll, dtype, count } = call;
+        let sig = self.begin(call, None);
         tracing::info!(
             target: "monel::coll",
             "rank {}: {} via window (loads and stores between the ranks' \
@@ -62,7 +60,7 @@ impl Communicator {
             describe_sig(&sig)
         );
         self.last_path = "window";
-        let call = window::Call {
+        let call = window::DirectCall {
             coll,
             coll_code: coll.code(),
             dtype,
