@@ -206,17 +206,47 @@ impl Communicator {
         }
         status.lock().unwrap_or_else(PoisonError::into_inner).state = "idle";
         let status_addrs = table.iter().map(|t| t.status).collect();
+        Self::assemble(
+            rank,
+            cfg,
+            links,
+            Parts {
+                table,
+                paths,
+                status,
+                stop,
+                key,
+                yield_every,
+                core_share: (local, cores),
+                costs,
+                order,
+                per_host,
+                hosts,
+                status_addrs,
+            },
+        )
+    }
+
+    /// The communicator of `rank` over `links` (by peer; `None` for itself), once the ranks
+    /// agree on the cost model.
+    fn assemble(
+        rank: usize,
+        cfg: CommConfig,
+        links: Vec<Option<Box<dyn transport::Link>>>,
+        p: Parts,
+    ) -> Result<Self> {
+        let nranks = links.len();
         let mut comm = Self {
             rank,
             nranks,
             cfg,
             links: Links::new(links),
-            table,
+            table: p.table,
             seq: 0,
-            status,
-            stop,
+            status: p.status,
+            stop: p.stop,
             failed: None,
-            paths,
+            paths: p.paths,
             schedules: HashMap::default(),
             choices: [None; CHOICES],
             pool: Pool::default(),
@@ -224,21 +254,81 @@ impl Communicator {
             p2p_sent: vec![0; nranks],
             p2p_received: vec![0; nranks],
             stash: Default::default(),
-            yield_every,
-            core_share: (local, cores),
-            costs,
-            order,
-            per_host,
-            hosts,
+            yield_every: p.yield_every,
+            core_share: p.core_share,
+            costs: p.costs,
+            order: p.order,
+            per_host: p.per_host,
+            hosts: p.hosts,
             windows: Windows::default(),
-            status_addrs,
-            key,
+            status_addrs: p.status_addrs,
+            key: p.key,
             last_path: "",
             tiny_done: 0,
         };
         comm.agree_on_tuning()?;
         Ok(comm)
     }
+
+    /// Rank `rank`'s communicator over `links` made in this process (the in-memory links of
+    /// the tests), with no bootstrap, status service or liveness check: every rank is a
+    /// thread here, one host with one core per rank.
+    #[cfg(test)]
+    pub(crate) fn over_links(
+        rank: usize,
+        links: Vec<Option<Box<dyn transport::Link>>>,
+        mut cfg: CommConfig,
+    ) -> Result<Self> {
+        let n = links.len();
+        cfg.liveness = Duration::ZERO;
+        let here = || PeerAddrs {
+            data: SocketAddr::from(([127, 0, 0, 1], 0)),
+            status: SocketAddr::from(([127, 0, 0, 1], 0)),
+            machine: String::new(),
+            host: String::new(),
+            cpus: String::new(),
+        };
+        let kinds: Vec<TransportKind> = links.iter().flatten().map(|l| l.kind()).collect();
+        Self::assemble(
+            rank,
+            cfg,
+            links,
+            Parts {
+                table: (0..n).map(|_| here()).collect(),
+                paths: Vec::new(),
+                status: Arc::new(Mutex::new(Status {
+                    seq: 0,
+                    sig: None,
+                    state: "idle",
+                })),
+                stop: Arc::new(AtomicBool::new(false)),
+                key: monel_peer::Key::from_secret(b"in-memory"),
+                yield_every: 1,
+                core_share: (n, n),
+                costs: tune::Costs::of(kinds, 1.0),
+                order: (0..n).collect(),
+                per_host: n,
+                hosts: None,
+                status_addrs: (0..n).map(|_| here().status).collect(),
+            },
+        )
+    }
+}
+
+/// What a communicator takes from its bootstrap besides the links.
+struct Parts {
+    table: Vec<PeerAddrs>,
+    paths: Vec<String>,
+    status: Arc<Mutex<Status>>,
+    stop: Arc<AtomicBool>,
+    key: monel_peer::Key,
+    yield_every: u32,
+    core_share: (usize, usize),
+    costs: tune::Costs,
+    order: Vec<usize>,
+    per_host: usize,
+    hosts: Option<tune::Hosts>,
+    status_addrs: Vec<SocketAddr>,
 }
 
 /// Rank 0 of an environment launch serves the rendezvous at the address the launcher gave.

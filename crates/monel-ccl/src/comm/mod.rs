@@ -17,6 +17,8 @@
 mod config;
 mod fast_path;
 mod group;
+#[cfg(test)]
+mod harness;
 mod hosts;
 mod init;
 mod matching;

@@ -21,6 +21,8 @@ use nix::poll::PollFlags;
 
 use crate::error::{CclError, Result};
 
+#[cfg(test)]
+pub(crate) mod mem;
 pub(crate) mod rdma;
 pub(crate) mod segment;
 pub(crate) mod shm;
