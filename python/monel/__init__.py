@@ -291,7 +291,7 @@ class Communicator:
     exception's `ranks` names the ranks that did not arrive.
     """
 
-    # Async operations start on the worker after 50 us unless a wait() runs them first (set
+    # Async operations start on the worker after 5 ms unless a wait() runs them first (set
     # by the torch backend, whose blocking calls are async operations waited for at once).
     _defer = False
 

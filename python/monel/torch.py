@@ -245,7 +245,7 @@ class ProcessGroupMonel(dist.ProcessGroup):
         self.comm = monel.Communicator(size, rank, uid, timeout=secs)
         self._timeout = secs if secs is not None else float(os.environ.get("MONEL_TIMEOUT") or 300)
         # torch issues every operation asynchronously and waits for most at once: a wait()
-        # within 50 us runs the operation on the waiting thread, without a thread hop.
+        # within 5 ms runs the operation on the waiting thread, without a thread hop.
         self.comm._defer = True
         self._native = self.comm._c
         self._done = _Completer()

@@ -5,11 +5,11 @@
 //! communicator costs no thread hop). Buffers arrive through the buffer protocol (the Python half hands
 //! over contiguous byte views of numpy arrays and CPU tensors): no copy.
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use monel_ccl::queue::{Completion, JobQueue, Start};
 use monel_ccl::{
     CclError, Collective, CollectiveKind, CommConfig, Communicator, DataType, ErrorKind, GroupOp,
     Io, RedOp, UniqueId, Window,
@@ -226,6 +226,7 @@ enum Op {
     },
 }
 
+/// What a job hands back: nothing, a receive's source, a split's communicator, a window.
 enum Outcome {
     Done,
     /// A receive's source rank.
@@ -233,72 +234,6 @@ enum Outcome {
     Split(Option<Box<Communicator>>),
     Window(Window),
 }
-
-/// Completion of one job, shared by the worker and the [`Work`] handle.
-#[derive(Default)]
-struct Done {
-    state: Mutex<Option<Result<(), CclError>>>,
-    cv: Condvar,
-    split: Mutex<Option<Communicator>>,
-    window: Mutex<Option<Window>>,
-    source: Mutex<Option<usize>>,
-}
-
-impl Done {
-    fn finish(&self, r: Result<(), CclError>) {
-        *self.state.lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
-        self.cv.notify_all();
-    }
-    fn wait(&self, timeout: Option<Duration>) -> Option<Result<(), CclError>> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let mut g = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        loop {
-            if let Some(r) = g.as_ref() {
-                return Some(r.clone());
-            }
-            match deadline {
-                None => g = self.cv.wait(g).unwrap_or_else(PoisonError::into_inner),
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return None;
-                    }
-                    g = self
-                        .cv
-                        .wait_timeout(g, left)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0;
-                }
-            }
-        }
-    }
-}
-
-struct Job {
-    op: Op,
-    /// Keeps the exporters' memory in place until the operation finished.
-    bufs: Vec<PyBuffer<u8>>,
-    done: Arc<Done>,
-    /// When the worker may take it (`None`: never; the caller runs it).
-    ready_at: Option<Instant>,
-}
-
-/// Who starts a job.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Start {
-    /// The caller, which waits for it at once (a blocking call): no thread hop.
-    Caller,
-    /// The worker, now.
-    Now,
-    /// The worker after [`DEFER`], unless a caller waits for it (or a later job) first and
-    /// runs it itself. For frameworks that issue every operation asynchronously and wait for
-    /// most of them at once (torch's blocking calls): the common case runs on the caller,
-    /// and a stream of such jobs wakes the worker about once per `DEFER`, not once per job.
-    Deferred,
-}
-
-/// How long a deferred job waits for a caller before the worker starts it.
-const DEFER: Duration = Duration::from_millis(5);
 
 fn run_op(c: &mut Communicator, op: Op) -> Result<Outcome, CclError> {
     match op {
@@ -360,235 +295,24 @@ fn run_op(c: &mut Communicator, op: Op) -> Result<Outcome, CclError> {
     }
 }
 
-/// What the queue's lock guards.
-struct QState {
-    jobs: VecDeque<Job>,
-    /// A job is running (on the worker or on a caller).
-    running: bool,
-    /// No more jobs: the worker ends once the queue is empty.
-    closed: bool,
-    /// The worker sleeps with a deadline no later than any deferred job's start, so a new
-    /// deferred job need not wake it.
-    worker_timed: bool,
-    /// When the last deferred job was queued.
-    last_deferred: Option<Instant>,
-}
-
-/// A communicator's jobs, in issue order, and the communicator they run on. One job runs at
-/// a time, on the worker thread or on a caller that waits for a queued job: that caller runs
-/// the jobs ahead of its own, then its own.
-struct Queue {
-    state: Mutex<QState>,
-    /// The worker sleeps here until there is a job it may take.
-    work_cv: Condvar,
-    /// Waiting callers sleep here while another thread runs a job.
-    idle_cv: Condvar,
-    comm: Mutex<Communicator>,
-}
-
-impl Queue {
-    fn lock(&self) -> MutexGuard<'_, QState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Queues a job; false if the queue is closed.
-    fn push(&self, mut job: Job, start: Start) -> bool {
-        job.ready_at = match start {
-            Start::Caller => None,
-            Start::Now => Some(Instant::now()),
-            Start::Deferred => Some(Instant::now() + DEFER),
-        };
-        let mut st = self.lock();
-        if st.closed {
-            drop(st);
-            drop(job); // the caller holds the GIL its buffers need
-            return false;
-        }
-        if start == Start::Deferred {
-            st.last_deferred = job.ready_at;
-        }
-        st.jobs.push_back(job);
-        let wake = match start {
-            Start::Caller => false,
-            Start::Now => true,
-            Start::Deferred => !st.worker_timed,
-        };
-        if wake {
-            self.work_cv.notify_one();
-        }
-        true
-    }
-
-    /// Runs `job`, then lets the next one go.
-    fn run(&self, job: Job) {
-        let r = run_op(
-            &mut self.comm.lock().unwrap_or_else(PoisonError::into_inner),
-            job.op,
-        );
-        let r = match r {
-            Ok(Outcome::Done) => Ok(()),
-            Ok(Outcome::Source(r)) => {
-                *job.done
-                    .source
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Some(r);
-                Ok(())
-            }
-            Ok(Outcome::Split(s)) => {
-                *job.done
-                    .split
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = s.map(|b| *b);
-                Ok(())
-            }
-            Ok(Outcome::Window(w)) => {
-                *job.done
-                    .window
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Some(w);
-                Ok(())
-            }
-            Err(e) => Err(e),
-        };
-        // Release the buffers before anyone learns the operation finished.
-        Python::attach(|_| drop(job.bufs));
-        {
-            let mut st = self.lock();
-            st.running = false;
-            if !st.jobs.is_empty() || st.closed {
-                self.work_cv.notify_one();
-                self.idle_cv.notify_all();
-            }
-        }
-        job.done.finish(r);
-    }
-
-    /// Runs queued jobs on this thread, in order, up to and including the job of `done`;
-    /// returns once that job has been taken (here or by another thread).
-    fn run_through(&self, done: &Arc<Done>) {
-        loop {
-            let job = {
-                let mut st = self.lock();
-                loop {
-                    if !st.jobs.iter().any(|j| Arc::ptr_eq(&j.done, done)) {
-                        return;
-                    }
-                    if !st.running {
-                        st.running = true;
-                        break st.jobs.pop_front().expect("queue holds the job");
-                    }
-                    st = self
-                        .idle_cv
-                        .wait(st)
-                        .unwrap_or_else(PoisonError::into_inner);
-                }
-            };
-            let mine = Arc::ptr_eq(&job.done, done);
-            self.run(job);
-            if mine {
-                return;
-            }
-        }
-    }
-
-    /// The worker thread: runs jobs as they become ready, until the queue is closed and
-    /// empty.
-    fn work(&self) {
-        loop {
-            let job = {
-                let mut st = self.lock();
-                loop {
-                    let now = Instant::now();
-                    let mut deadline = None;
-                    if !st.running {
-                        match st.jobs.front().map(|j| j.ready_at) {
-                            Some(_) if st.closed => {
-                                st.running = true;
-                                break st.jobs.pop_front();
-                            }
-                            Some(Some(t)) if t <= now => {
-                                st.running = true;
-                                break st.jobs.pop_front();
-                            }
-                            Some(Some(t)) => deadline = Some(t),
-                            // Its caller runs it (and wakes us after it if more are queued).
-                            Some(None) => {}
-                            None if st.closed => break None,
-                            None => {}
-                        }
-                    }
-                    // While deferred jobs keep coming, stay on a timer instead of being woken
-                    // for each one: its deadline is never later than theirs.
-                    if deadline.is_none() && st.last_deferred.is_some_and(|p| now < p + 4 * DEFER) {
-                        deadline = Some(now + DEFER);
-                    }
-                    match deadline {
-                        Some(d) => {
-                            st.worker_timed = true;
-                            st = self
-                                .work_cv
-                                .wait_timeout(st, d - now)
-                                .unwrap_or_else(PoisonError::into_inner)
-                                .0;
-                            st.worker_timed = false;
-                        }
-                        None => {
-                            st = self
-                                .work_cv
-                                .wait(st)
-                                .unwrap_or_else(PoisonError::into_inner);
-                        }
-                    }
-                }
-            };
-            match job {
-                Some(j) => self.run(j),
-                None => return,
-            }
-        }
-    }
-
-    /// Lets the worker start every deferred job up to and including the job of `done` now
-    /// (someone polls for it instead of waiting).
-    fn kick(&self, done: &Arc<Done>) {
-        let mut st = self.lock();
-        let now = Instant::now();
-        let mut found = false;
-        for j in st.jobs.iter_mut() {
-            if let Some(t) = j.ready_at.as_mut() {
-                *t = (*t).min(now);
-            }
-            if Arc::ptr_eq(&j.done, done) {
-                found = true;
-                break;
-            }
-        }
-        if found {
-            self.work_cv.notify_one();
-        }
-    }
-
-    fn close(&self) {
-        self.lock().closed = true;
-        self.work_cv.notify_all();
-    }
-}
-
 /// A handle on an operation in flight (`async_op=True`).
 #[pyclass(module = "monel._monel")]
 struct Work {
-    done: Arc<Done>,
+    done: Arc<Completion<Outcome>>,
     queue: Weak<Queue>,
 }
+
+/// A communicator's jobs (`monel_ccl::queue`): the Python operations run on it in order.
+type Queue = JobQueue<Communicator, Outcome>;
 
 impl Work {
     /// Waits for the job; with no timeout, runs it (and the jobs ahead of it) here when no
     /// other thread has taken it.
     fn finish(&self, timeout: Option<Duration>) -> Option<Result<(), CclError>> {
-        if let (None, Some(q)) = (timeout, self.queue.upgrade()) {
-            q.run_through(&self.done);
+        match self.queue.upgrade() {
+            Some(q) => q.finish(&self.done, timeout),
+            None => self.done.wait(timeout),
         }
-        self.done.wait(timeout)
     }
 }
 
@@ -615,32 +339,20 @@ impl Work {
         if let Some(q) = self.queue.upgrade() {
             q.kick(&self.done);
         }
-        self.done
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
+        self.done.is_done()
     }
     /// The rank a finished receive took its message from (`None` before it finished, or
     /// for other operations).
     #[getter]
     fn source(&self) -> Option<usize> {
-        *self
-            .done
-            .source
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.done.peek(|v| match v {
+            Some(Outcome::Source(r)) => Some(*r),
+            _ => None,
+        })
     }
     /// True if the operation finished without error.
     fn is_success(&self) -> bool {
-        matches!(
-            *self
-                .done
-                .state
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-            Some(Ok(()))
-        )
+        self.done.succeeded()
     }
 }
 
@@ -658,23 +370,7 @@ struct Comm {
 impl Comm {
     fn start(c: Communicator) -> Self {
         let (rank, size, paths) = (c.rank(), c.size(), c.paths().to_vec());
-        let queue = Arc::new(Queue {
-            state: Mutex::new(QState {
-                jobs: VecDeque::new(),
-                running: false,
-                closed: false,
-                worker_timed: false,
-                last_deferred: None,
-            }),
-            work_cv: Condvar::new(),
-            idle_cv: Condvar::new(),
-            comm: Mutex::new(c),
-        });
-        let q = queue.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("monel-rank{rank}"))
-            .spawn(move || q.work())
-            .ok();
+        let (queue, thread) = Queue::start(c, format!("monel-rank{rank}"));
         Self {
             rank,
             size,
@@ -692,25 +388,26 @@ impl Comm {
         async_op: bool,
         defer: bool,
     ) -> PyResult<Work> {
-        let done = Arc::new(Done::default());
         let q = self
             .queue
             .as_ref()
             .ok_or_else(|| AbortedError::new_err("the communicator was destroyed"))?;
-        let job = Job {
-            op,
-            bufs,
-            done: done.clone(),
-            ready_at: None,
-        };
         let start = match (async_op, defer) {
             (false, _) => Start::Caller,
             (true, false) => Start::Now,
             (true, true) => Start::Deferred,
         };
-        if !q.push(job, start) {
-            return Err(AbortedError::new_err("the communicator's worker stopped"));
-        }
+        let task = move |c: &mut Communicator| {
+            let r = run_op(c, op);
+            // Release the buffers before anyone learns the operation finished.
+            Python::attach(|_| drop(bufs));
+            r
+        };
+        // A closed queue drops the task here, where the caller holds the GIL its buffers
+        // need.
+        let done = q
+            .push(task, start)
+            .ok_or_else(|| AbortedError::new_err("the communicator's worker stopped"))?;
         let w = Work {
             done,
             queue: Arc::downgrade(q),
@@ -787,7 +484,7 @@ impl Comm {
     /// Runs collective `name` on byte buffers (the Python half checks shapes and types).
     /// Blocking calls run on the calling thread when nothing else is queued; `async_op`
     /// returns a [`Work`] at once, the worker starting the job now, or with `defer` after
-    /// 50 µs unless a `wait()` runs it first.
+    /// 5 ms (`monel_ccl::queue::DEFER`) unless a `wait()` runs it first.
     #[pyo3(signature = (name, dtype, count, send, recv, op="sum", root=0, async_op=false, defer=false))]
     #[allow(clippy::too_many_arguments)]
     fn collective(
@@ -936,13 +633,11 @@ impl Comm {
     #[pyo3(signature = (color, key=0))]
     fn split(&self, py: Python<'_>, color: Option<u32>, key: i64) -> PyResult<Option<Self>> {
         let w = self.submit(py, Op::Split { color, key }, Vec::new(), false, false)?;
-        let c = w
-            .done
-            .split
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        Ok(c.map(Self::start))
+        let c = match w.done.take() {
+            Some(Outcome::Split(c)) => c,
+            _ => None,
+        };
+        Ok(c.map(|c| Self::start(*c)))
     }
 
     /// Allocates a symmetric memory window of `nbytes` (collective: every rank calls it, in
@@ -956,13 +651,10 @@ impl Comm {
             false,
             false,
         )?;
-        let win = w
-            .done
-            .window
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-            .ok_or_else(|| invalid("alloc_window: no window came back"))?;
+        let win = match w.done.take() {
+            Some(Outcome::Window(win)) => win,
+            _ => return Err(invalid("alloc_window: no window came back")),
+        };
         Ok(Win { w: win })
     }
 

@@ -24,6 +24,7 @@ mod frame;
 pub mod fuzzing;
 mod liveness;
 pub mod log;
+pub mod queue;
 mod transport;
 mod window;
 
