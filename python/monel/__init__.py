@@ -226,10 +226,41 @@ def _torch_u8():
     return sys.modules["torch"].uint8
 
 
-def _check_op(op: str) -> str:
-    if op not in _OPS:
+# The native API's enums by the package's names: the calls below map at the edge.
+_DTYPES: dict[str, _monel.DType] = {
+    str(d): d
+    for d in (
+        _monel.DType.INT8,
+        _monel.DType.UINT8,
+        _monel.DType.INT32,
+        _monel.DType.UINT32,
+        _monel.DType.INT64,
+        _monel.DType.UINT64,
+        _monel.DType.FLOAT16,
+        _monel.DType.BFLOAT16,
+        _monel.DType.FLOAT32,
+        _monel.DType.FLOAT64,
+        _monel.DType.FLOAT8E4M3,
+        _monel.DType.FLOAT8E5M2,
+    )
+}
+_REDOPS: dict[str, _monel.RedOp] = {
+    str(o): o
+    for o in (
+        _monel.RedOp.SUM,
+        _monel.RedOp.PROD,
+        _monel.RedOp.MIN,
+        _monel.RedOp.MAX,
+        _monel.RedOp.AVG,
+    )
+}
+
+
+def _redop(op: str) -> _monel.RedOp:
+    r = _REDOPS.get(op)
+    if r is None:
         raise InvalidArgumentError(f"unknown reduction {op!r}: want one of {', '.join(_OPS)}")
-    return op
+    return r
 
 
 def _tag(tag) -> int:
@@ -359,15 +390,14 @@ class Communicator:
         if ob is not None and on != n:
             raise InvalidArgumentError(f"out has {on} elements, input {n}")
         w = self._c.collective(
-            "all_reduce",
-            t,
+            _monel.Coll.ALL_REDUCE,
+            _DTYPES[t],
             n,
             None if ob is None else xb,
             xb if ob is None else ob,
-            _check_op(op),
-            0,
-            async_op,
-            self._defer,
+            op=_redop(op),
+            async_op=async_op,
+            defer=self._defer,
         )
         return w if async_op else None
 
@@ -378,15 +408,14 @@ class Communicator:
         if ob is not None and on != n:
             raise InvalidArgumentError(f"out has {on} elements, input {n}")
         w = self._c.collective(
-            "broadcast",
-            t,
+            _monel.Coll.BROADCAST,
+            _DTYPES[t],
             n,
             None if ob is None else xb,
             xb if ob is None else ob,
-            "sum",
-            self._root(root),
-            async_op,
-            self._defer,
+            root=self._root(root),
+            async_op=async_op,
+            defer=self._defer,
         )
         return w if async_op else None
 
@@ -399,15 +428,15 @@ class Communicator:
         if ob is not None and on != n:
             raise InvalidArgumentError(f"out has {on} elements, input {n}")
         w = self._c.collective(
-            "reduce",
-            t,
+            _monel.Coll.REDUCE,
+            _DTYPES[t],
             n,
             None if ob is None else xb,
             xb if ob is None else ob,
-            _check_op(op),
-            self._root(root),
-            async_op,
-            self._defer,
+            op=_redop(op),
+            root=self._root(root),
+            async_op=async_op,
+            defer=self._defer,
         )
         return w if async_op else None
 
@@ -417,7 +446,9 @@ class Communicator:
         xb, t, n, ob, _, on = self._pair(x, out)
         if on != n * self.size:
             raise InvalidArgumentError(f"out has {on} elements, want {self.size} x {n}")
-        w = self._c.collective("all_gather", t, n, xb, ob, "sum", 0, async_op, self._defer)
+        w = self._c.collective(
+            _monel.Coll.ALL_GATHER, _DTYPES[t], n, xb, ob, async_op=async_op, defer=self._defer
+        )
         return w if async_op else None
 
     @_stages_cuda(_out)
@@ -427,7 +458,14 @@ class Communicator:
         if n != on * self.size:
             raise InvalidArgumentError(f"input has {n} elements, want {self.size} x {on}")
         w = self._c.collective(
-            "reduce_scatter", t, on, xb, ob, _check_op(op), 0, async_op, self._defer
+            _monel.Coll.REDUCE_SCATTER,
+            _DTYPES[t],
+            on,
+            xb,
+            ob,
+            op=_redop(op),
+            async_op=async_op,
+            defer=self._defer,
         )
         return w if async_op else None
 
@@ -440,7 +478,13 @@ class Communicator:
                 f"input and out must have the same size, divisible by {self.size} (got {n}, {on})"
             )
         w = self._c.collective(
-            "all_to_all", t, n // self.size, xb, ob, "sum", 0, async_op, self._defer
+            _monel.Coll.ALL_TO_ALL,
+            _DTYPES[t],
+            n // self.size,
+            xb,
+            ob,
+            async_op=async_op,
+            defer=self._defer,
         )
         return w if async_op else None
 
@@ -453,7 +497,16 @@ class Communicator:
             raise InvalidArgumentError(f"out has {on} elements, want {self.size} x {n}")
         if ob is None:
             ob = np.empty(0, np.uint8)
-        w = self._c.collective("gather", t, n, xb, ob, "sum", root, async_op, self._defer)
+        w = self._c.collective(
+            _monel.Coll.GATHER,
+            _DTYPES[t],
+            n,
+            xb,
+            ob,
+            root=root,
+            async_op=async_op,
+            defer=self._defer,
+        )
         return w if async_op else None
 
     @_stages_cuda(_out)
@@ -469,13 +522,28 @@ class Communicator:
                 raise InvalidArgumentError(f"input is {xt} but out is {t}")
             if self.rank == root and n != on * self.size:
                 raise InvalidArgumentError(f"input has {n} elements, want {self.size} x {on}")
-        w = self._c.collective("scatter", t, on, xb, ob, "sum", root, async_op, self._defer)
+        w = self._c.collective(
+            _monel.Coll.SCATTER,
+            _DTYPES[t],
+            on,
+            xb,
+            ob,
+            root=root,
+            async_op=async_op,
+            defer=self._defer,
+        )
         return w if async_op else None
 
     def barrier(self, async_op: bool = False) -> Work | None:
         """Returns once every rank called it."""
         w = self._c.collective(
-            "barrier", "uint8", 0, None, np.empty(0, np.uint8), "sum", 0, async_op, self._defer
+            _monel.Coll.BARRIER,
+            _monel.DType.UINT8,
+            0,
+            None,
+            np.empty(0, np.uint8),
+            async_op=async_op,
+            defer=self._defer,
         )
         return w if async_op else None
 
@@ -497,7 +565,9 @@ class Communicator:
         if peer is not None:
             self._peer(peer)
         b, t, n = as_bytes(out, "recv", writable=True)
-        w = self._c.recv_from(b, n, t, peer, _tag(tag), async_op, self._defer)
+        w = self._c.recv_from(
+            b, n, _DTYPES[t], peer, _tag(tag), async_op=async_op, defer=self._defer
+        )
         return w if async_op else w.source
 
     def _peer(self, peer) -> int:
@@ -520,8 +590,8 @@ class Communicator:
             tag = _tag(o[3] if len(o) == 4 else 0)
             self._peer(peer)
             b, t, n = as_bytes(buf, kind, writable=kind == "recv")
-            parts.append((kind == "send", b, n, t, peer, tag))
-        w = self._c.group(parts, async_op, self._defer)
+            parts.append((kind == "send", b, n, _DTYPES[t], peer, tag))
+        w = self._c.group(parts, async_op=async_op, defer=self._defer)
         return w if async_op else None
 
     # -- symmetric memory --------------------------------------------------------------------

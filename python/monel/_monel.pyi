@@ -12,6 +12,44 @@ class PeerLostError(MonelError): ...
 class AbortedError(MonelError): ...
 class BootstrapError(MonelError): ...
 
+class Coll:
+    """A collective."""
+
+    ALL_REDUCE: Coll
+    BROADCAST: Coll
+    REDUCE: Coll
+    ALL_GATHER: Coll
+    REDUCE_SCATTER: Coll
+    ALL_TO_ALL: Coll
+    GATHER: Coll
+    SCATTER: Coll
+    BARRIER: Coll
+
+class DType:
+    """An element type; str() is the package's name for it ("float32")."""
+
+    INT8: DType
+    UINT8: DType
+    INT32: DType
+    UINT32: DType
+    INT64: DType
+    UINT64: DType
+    FLOAT16: DType
+    BFLOAT16: DType
+    FLOAT32: DType
+    FLOAT64: DType
+    FLOAT8E4M3: DType
+    FLOAT8E5M2: DType
+
+class RedOp:
+    """A reduction; str() is its name ("sum")."""
+
+    SUM: RedOp
+    PROD: RedOp
+    MIN: RedOp
+    MAX: RedOp
+    AVG: RedOp
+
 class Work:
     """An operation in flight."""
 
@@ -35,19 +73,21 @@ class Comm:
     def paths(self) -> list[str]: ...
     def collective(
         self,
-        name: str,
-        dtype: str,
+        coll: Coll,
+        dtype: DType,
         count: int,
         send: Any | None,
         recv: Any,
-        op: str = "sum",
+        *,
+        op: RedOp = ...,
         root: int = 0,
         async_op: bool = False,
         defer: bool = False,
     ) -> Work: ...
     def group(
         self,
-        ops: list[tuple[bool, Any, int, str, int, int]],
+        ops: list[tuple[bool, Any, int, DType, int, int]],
+        *,
         async_op: bool = False,
         defer: bool = False,
     ) -> Work: ...
@@ -55,14 +95,15 @@ class Comm:
         self,
         buffer: Any,
         count: int,
-        dtype: str,
+        dtype: DType,
         src: int | None,
         tag: int,
+        *,
         async_op: bool = False,
         defer: bool = False,
     ) -> Work: ...
     def monitored_barrier(
-        self, timeout: float, wait_all: bool = False, async_op: bool = False
+        self, timeout: float, *, wait_all: bool = False, async_op: bool = False
     ) -> Work: ...
     def set_timeout(self, seconds: float) -> None: ...
     def split(self, color: int | None, key: int = 0) -> Comm | None: ...

@@ -32,12 +32,14 @@ import torch.distributed as dist
 from torch.futures import Future
 
 import monel
-from monel import InvalidArgumentError
+from monel import _DTYPES, _REDOPS, InvalidArgumentError, _monel
 from monel._tensors import tensors_in
 
 __all__ = ["BACKEND", "ProcessGroupMonel", "empty"]
 
 BACKEND = "monel"
+
+_ALL_REDUCE = _monel.Coll.ALL_REDUCE
 
 _OPS = {
     dist.ReduceOp.SUM: "sum",
@@ -346,12 +348,23 @@ class ProcessGroupMonel(dist.ProcessGroup):
             # the GIL released, and return no work, which torch reads as "synchronized by the
             # backend" (its collectives wait only on a work that is not None).
             v, dtype, n = monel.as_bytes(tensors[0], "tensor", True)
-            coll("all_reduce", dtype, n, None, v, op, 0, False, False)
+            coll(_ALL_REDUCE, _DTYPES[dtype], n, None, v, op=_REDOPS[op])
             return None
         works = []
         for t in tensors:
             v, dtype, n = monel.as_bytes(t, "tensor", True)
-            works.append(coll("all_reduce", dtype, n, None, v, op, 0, True, True))
+            works.append(
+                coll(
+                    _ALL_REDUCE,
+                    _DTYPES[dtype],
+                    n,
+                    None,
+                    v,
+                    op=_REDOPS[op],
+                    async_op=True,
+                    defer=True,
+                )
+            )
         return _Work(self._done, works, tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -493,7 +506,9 @@ class ProcessGroupMonel(dist.ProcessGroup):
         secs = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         self._flush_p2p()
         w = self.comm._c.monitored_barrier(
-            self._timeout if secs is None else max(float(secs), 0.0), wait_all_ranks, True
+            self._timeout if secs is None else max(float(secs), 0.0),
+            wait_all=wait_all_ranks,
+            async_op=True,
         )
         w.wait()
 

@@ -12,15 +12,18 @@ use std::time::Duration;
 use monel_ccl::queue::{Completion, JobQueue, Start};
 use monel_ccl::{
     CclError, Collective, CollectiveKind, CommConfig, Communicator, DataType, ErrorKind, GroupOp,
-    Io, RedOp, UniqueId, Window,
+    Io, UniqueId, Window,
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
+mod kinds;
 mod verbs;
 mod xfer;
+
+use kinds::{Coll, DType, ROp};
 
 create_exception!(
     _monel,
@@ -85,18 +88,6 @@ fn py_err(e: &CclError) -> PyErr {
 
 fn invalid(msg: impl Into<String>) -> PyErr {
     InvalidArgumentError::new_err(msg.into())
-}
-
-fn dtype_of(name: &str) -> PyResult<DataType> {
-    DataType::parse(name).ok_or_else(|| invalid(format!("unknown data type {name:?}")))
-}
-
-fn redop_of(name: &str) -> PyResult<RedOp> {
-    RedOp::parse(name).ok_or_else(|| {
-        invalid(format!(
-            "unknown reduction {name:?}: want sum, prod, min, max or avg"
-        ))
-    })
 }
 
 /// A byte range of a Python buffer, valid while the job that carries it holds the buffer.
@@ -485,25 +476,22 @@ impl Comm {
     /// Blocking calls run on the calling thread when nothing else is queued; `async_op`
     /// returns a [`Work`] at once, the worker starting the job now, or with `defer` after
     /// 5 ms (`monel_ccl::queue::DEFER`) unless a `wait()` runs it first.
-    #[pyo3(signature = (name, dtype, count, send, recv, op="sum", root=0, async_op=false, defer=false))]
+    #[pyo3(signature = (coll, dtype, count, send, recv, *, op=ROp::SUM, root=0, async_op=false, defer=false))]
     #[allow(clippy::too_many_arguments)]
     fn collective(
         &self,
         py: Python<'_>,
-        name: &str,
-        dtype: &str,
+        coll: Coll,
+        dtype: DType,
         count: usize,
         send: Option<PyBuffer<u8>>,
         recv: PyBuffer<u8>,
-        op: &str,
+        op: ROp,
         root: usize,
         async_op: bool,
         defer: bool,
     ) -> PyResult<Work> {
-        let red = redop_of(op)?;
-        let coll = CollectiveKind::parse(name)
-            .ok_or_else(|| invalid(format!("unknown collective {name:?}")))?
-            .with(red, root);
+        let coll = CollectiveKind::from(coll).with(op.into(), root);
         let s = send
             .as_ref()
             .map(|b| Region::of(b, false, "input"))
@@ -515,7 +503,7 @@ impl Comm {
             py,
             Op::Collective {
                 coll,
-                dtype: dtype_of(dtype)?,
+                dtype: dtype.into(),
                 count,
                 send: s,
                 recv: r,
@@ -528,11 +516,11 @@ impl Comm {
 
     /// Runs sends and receives as one group: `ops` holds `(is_send, buffer, count, dtype,
     /// peer, tag)` tuples. `async_op` and `defer` as for [`Comm::collective`].
-    #[pyo3(signature = (ops, async_op=false, defer=false))]
+    #[pyo3(signature = (ops, *, async_op=false, defer=false))]
     fn group(
         &self,
         py: Python<'_>,
-        ops: Vec<(bool, PyBuffer<u8>, usize, String, usize, u32)>,
+        ops: Vec<(bool, PyBuffer<u8>, usize, DType, usize, u32)>,
         async_op: bool,
         defer: bool,
     ) -> PyResult<Work> {
@@ -557,7 +545,7 @@ impl Comm {
                 send,
                 region,
                 count,
-                dtype: dtype_of(&dtype)?,
+                dtype: dtype.into(),
                 peer,
                 tag,
             });
@@ -576,14 +564,14 @@ impl Comm {
     /// Receives into `buffer` the first message from `src` (`None`: any rank) that carries
     /// `tag`; the work's `source` names the sender once done. `async_op` and `defer` as for
     /// [`Comm::collective`].
-    #[pyo3(signature = (buffer, count, dtype, src, tag, async_op=false, defer=false))]
+    #[pyo3(signature = (buffer, count, dtype, src, tag, *, async_op=false, defer=false))]
     #[allow(clippy::too_many_arguments)]
     fn recv_from(
         &self,
         py: Python<'_>,
         buffer: PyBuffer<u8>,
         count: usize,
-        dtype: String,
+        dtype: DType,
         src: Option<usize>,
         tag: u32,
         async_op: bool,
@@ -593,7 +581,7 @@ impl Comm {
         let op = Op::RecvFrom {
             region,
             count,
-            dtype: dtype_of(&dtype)?,
+            dtype: dtype.into(),
             src,
             tag,
         };
@@ -603,7 +591,7 @@ impl Comm {
     /// A barrier that names the ranks that do not arrive within `timeout` seconds (torch's
     /// `monitored_barrier`): rank 0 raises naming the first (or, with `wait_all`, every)
     /// missing rank; the others raise that rank 0 did not release them.
-    #[pyo3(signature = (timeout, wait_all=false, async_op=false))]
+    #[pyo3(signature = (timeout, *, wait_all=false, async_op=false))]
     fn monitored_barrier(
         &self,
         py: Python<'_>,
@@ -787,6 +775,7 @@ fn _monel(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PeerLostError", py.get_type::<PeerLostError>())?;
     m.add("AbortedError", py.get_type::<AbortedError>())?;
     m.add("BootstrapError", py.get_type::<BootstrapError>())?;
+    kinds::register(m)?;
     verbs::register(m)?;
     xfer::register(m)?;
     Ok(())
