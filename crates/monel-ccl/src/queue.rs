@@ -389,7 +389,11 @@ mod tests {
         assert!(a.is_done() && b.is_done(), "the jobs ahead ran first");
         let log = log_of(&q);
         assert_eq!(log.iter().map(|e| e.0).collect::<Vec<_>>(), [1, 2, 3]);
-        assert_eq!(log[2].1, thread::current().id(), "a caller's job runs on the caller");
+        assert_eq!(
+            log[2].1,
+            thread::current().id(),
+            "a caller's job runs on the caller"
+        );
         assert_eq!(c.take(), Some(3));
         assert_eq!(c.take(), None, "a value is taken once");
         q.close();
@@ -407,7 +411,10 @@ mod tests {
         let n = q.push(job(3), Start::Now).unwrap();
         assert_eq!(n.wait(Some(Duration::from_secs(10))), Some(Ok(())));
         let me = thread::current().id();
-        assert!(log_of(&q).iter().all(|e| e.1 != me), "every job ran on the worker");
+        assert!(
+            log_of(&q).iter().all(|e| e.1 != me),
+            "every job ran on the worker"
+        );
         q.close();
         worker.unwrap().join().unwrap();
     }
@@ -437,7 +444,10 @@ mod tests {
         q.close();
         assert!(q.push(job(2), Start::Now).is_none());
         worker.unwrap().join().unwrap();
-        assert!(queued.is_done(), "a closing worker runs even the callers' jobs");
+        assert!(
+            queued.is_done(),
+            "a closing worker runs even the callers' jobs"
+        );
         assert_eq!(queued.peek(|v| v.copied()), Some(1));
         assert_eq!(log_of(&q).len(), 1);
     }
