@@ -639,9 +639,8 @@ impl Comm {
             false,
             false,
         )?;
-        let win = match w.done.take() {
-            Some(Outcome::Window(win)) => win,
-            _ => return Err(invalid("alloc_window: no window came back")),
+        let Some(Outcome::Window(win)) = w.done.take() else {
+            return Err(invalid("alloc_window: no window came back"));
         };
         Ok(Win { w: win })
     }

@@ -190,7 +190,7 @@ impl PyDevice {
 /// Every RDMA device of this host: the kernel's RoCE ports (through rdma-core), then one
 /// soft device per IP interface with an address.
 #[pyfunction]
-pub fn device_list() -> PyResult<Vec<PyDevice>> {
+pub(crate) fn device_list() -> PyResult<Vec<PyDevice>> {
     Ok(monel_verbs::devices()
         .map_err(verr)?
         .into_iter()
@@ -200,7 +200,7 @@ pub fn device_list() -> PyResult<Vec<PyDevice>> {
 
 /// A device bound to one IP address, or named by interface or device name.
 #[pyfunction]
-pub fn get_device(address_or_name: &str) -> PyResult<PyDevice> {
+pub(crate) fn get_device(address_or_name: &str) -> PyResult<PyDevice> {
     Ok(PyDevice {
         dev: Device::from_arg(address_or_name).map_err(verr)?,
     })
@@ -917,7 +917,7 @@ impl PyListener {
 #[pyfunction]
 #[pyo3(signature = (address, qp, mr=None, secret=None, timeout=10.0, mtu=4096, ack_timeout=14, retry_cnt=7, auth=None))]
 #[allow(clippy::too_many_arguments)]
-pub fn connect(
+pub(crate) fn connect(
     py: Python<'_>,
     address: &str,
     qp: &PyQueuePair,
@@ -945,7 +945,7 @@ pub fn connect(
 }
 
 /// Adds the verbs classes and functions to the native module.
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<PyDevice>()?;
     m.add_class::<PyContext>()?;

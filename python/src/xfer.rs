@@ -53,7 +53,7 @@ create_exception!(
 /// The Python exception for a transfer-engine error: a lost peer is a `PeerLostError` (as
 /// in the collectives), a bad count, name or batch number an `InvalidArgumentError`, the
 /// rest an `XferError` (or a subclass naming what failed).
-pub fn xerr(e: &RsXferError) -> PyErr {
+pub(crate) fn xerr(e: &RsXferError) -> PyErr {
     let msg = e.to_string();
     match e {
         RsXferError::UnknownSegment(_) => UnknownSegmentError::new_err(msg),
@@ -372,7 +372,7 @@ fn states_of(py: Python<'_>, states: &[DescState]) -> PyResult<Vec<Py<PyAny>>> {
 }
 
 /// Adds the engine's classes and exceptions to the native module.
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<PyAgent>()?;
     m.add("XferError", py.get_type::<XferError>())?;
