@@ -25,8 +25,15 @@
 //!   packet takes the uplink with the fewest queued bytes; the receiver reassembles out of
 //!   order.
 //!
-//! Not modelled: ACK traffic (lossless fabrics need no retransmission, and ACKs are small),
-//! go-back-N's waste after a drop, priorities other than the CNP's.
+//! * **ACKs** (`[fabric] acks = true`): each data packet gets an ACK of the header's size back
+//!   along its own links, ahead of data at the NIC and queued with data at switches. Off by
+//!   default.
+//!
+//! Not modelled: go-back-N's waste after a drop, priorities other than the CNP's.
+//!
+//! This file is longer than the project's thousand-line rule: it is one event loop whose
+//! events (a packet's arrival, a transmitter freeing, a pause, a credit, a CNP) all act on the
+//! same queues, and splitting it would spread one state machine over files.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
