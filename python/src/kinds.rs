@@ -85,8 +85,22 @@ impl From<DType> for DataType {
 
 #[pymethods]
 impl DType {
-    fn __str__(&self) -> String {
-        DataType::from(*self).to_string()
+    /// The package's name for the type: the member's name in lower case (`float32`).
+    fn __str__(&self) -> &'static str {
+        match self {
+            Self::INT8 => "int8",
+            Self::UINT8 => "uint8",
+            Self::INT32 => "int32",
+            Self::UINT32 => "uint32",
+            Self::INT64 => "int64",
+            Self::UINT64 => "uint64",
+            Self::FLOAT16 => "float16",
+            Self::BFLOAT16 => "bfloat16",
+            Self::FLOAT32 => "float32",
+            Self::FLOAT64 => "float64",
+            Self::FLOAT8E4M3 => "float8e4m3",
+            Self::FLOAT8E5M2 => "float8e5m2",
+        }
     }
 }
 
