@@ -49,20 +49,49 @@ __all__ = [
     "create_unique_id",
 ]
 
-_NUMPY_TYPES = {
-    np.dtype(np.int8): "int8",
-    np.dtype(np.uint8): "uint8",
-    np.dtype(np.int32): "int32",
-    np.dtype(np.uint32): "uint32",
-    np.dtype(np.int64): "int64",
-    np.dtype(np.uint64): "uint64",
-    np.dtype(np.float16): "float16",
-    np.dtype(np.float32): "float32",
-    np.dtype(np.float64): "float64",
+# The native module's element types by the package's names (`str()` of each is its name).
+_DTYPES: dict[str, _monel.DType] = {
+    str(d): d
+    for d in (
+        _monel.DType.INT8,
+        _monel.DType.UINT8,
+        _monel.DType.INT32,
+        _monel.DType.UINT32,
+        _monel.DType.INT64,
+        _monel.DType.UINT64,
+        _monel.DType.FLOAT16,
+        _monel.DType.BFLOAT16,
+        _monel.DType.FLOAT32,
+        _monel.DType.FLOAT64,
+        _monel.DType.FLOAT8E4M3,
+        _monel.DType.FLOAT8E5M2,
+    )
 }
 
+
+def _native_types(names: dict) -> dict:
+    """`names` (a framework's type to the package's name) onto the native types."""
+    return {k: _DTYPES[v] for k, v in names.items()}
+
+
+_NUMPY_TYPES = _native_types(
+    {
+        np.dtype(np.int8): "int8",
+        np.dtype(np.uint8): "uint8",
+        np.dtype(np.int32): "int32",
+        np.dtype(np.uint32): "uint32",
+        np.dtype(np.int64): "int64",
+        np.dtype(np.uint64): "uint64",
+        np.dtype(np.float16): "float16",
+        np.dtype(np.float32): "float32",
+        np.dtype(np.float64): "float64",
+    }
+)
+
 # ml_dtypes' types (JAX's and TensorFlow's bfloat16 and float8), by numpy dtype name.
-_ML_TYPES = {"bfloat16": "bfloat16", "float8_e4m3fn": "float8e4m3", "float8_e5m2": "float8e5m2"}
+_ML_TYPES = _native_types(
+    {"bfloat16": "bfloat16", "float8_e4m3fn": "float8e4m3", "float8_e5m2": "float8e5m2"}
+)
 
 _OPS = ("sum", "prod", "min", "max", "avg")
 
@@ -104,8 +133,8 @@ def _torch_types() -> dict:
     ):
         if hasattr(torch, name):
             t[getattr(torch, name)] = monel_name
-    _TORCH_TYPES.update(t)
-    return t
+    _TORCH_TYPES.update(_native_types(t))
+    return _TORCH_TYPES
 
 
 def _is_tensor(x: Any) -> bool:
@@ -187,8 +216,9 @@ def _u8_view(x: Any, what: str) -> np.ndarray:
     )
 
 
-def as_bytes(x: Any, what: str, writable: bool = False) -> tuple[np.ndarray, str, int]:
-    """A flat uint8 view of `x`'s memory (no copy), its Monel type name and element count.
+def as_bytes(x: Any, what: str, writable: bool = False) -> tuple[np.ndarray, _monel.DType, int]:
+    """A flat uint8 view of `x`'s memory (no copy), its Monel type (`str()`: its name) and
+    element count.
 
     `x` is a numpy array, a CPU torch tensor or a CPU array that speaks DLPack (a JAX
     array: read-only, so an input only); it must be contiguous and of a type Monel reduces.
@@ -202,7 +232,9 @@ def as_bytes(x: Any, what: str, writable: bool = False) -> tuple[np.ndarray, str
             raise InvalidArgumentError(f"{what}: torch type {x.dtype} is not supported")
         return view, dtype, x.numel()
     if isinstance(x, np.ndarray):
-        dtype = _NUMPY_TYPES.get(x.dtype) or _ML_TYPES.get(x.dtype.name)
+        dtype = _NUMPY_TYPES.get(x.dtype)
+        if dtype is None:
+            dtype = _ML_TYPES.get(x.dtype.name)
         if dtype is None:
             raise InvalidArgumentError(f"{what}: numpy type {x.dtype} is not supported")
         if writable and x.flags.c_contiguous and not x.flags.writeable:
@@ -226,24 +258,6 @@ def _torch_u8():
     return sys.modules["torch"].uint8
 
 
-# The native API's enums by the package's names: the calls below map at the edge.
-_DTYPES: dict[str, _monel.DType] = {
-    str(d): d
-    for d in (
-        _monel.DType.INT8,
-        _monel.DType.UINT8,
-        _monel.DType.INT32,
-        _monel.DType.UINT32,
-        _monel.DType.INT64,
-        _monel.DType.UINT64,
-        _monel.DType.FLOAT16,
-        _monel.DType.BFLOAT16,
-        _monel.DType.FLOAT32,
-        _monel.DType.FLOAT64,
-        _monel.DType.FLOAT8E4M3,
-        _monel.DType.FLOAT8E5M2,
-    )
-}
 _REDOPS: dict[str, _monel.RedOp] = {
     str(o): o
     for o in (
@@ -391,7 +405,7 @@ class Communicator:
             raise InvalidArgumentError(f"out has {on} elements, input {n}")
         w = self._c.collective(
             _monel.Coll.ALL_REDUCE,
-            _DTYPES[t],
+            t,
             n,
             None if ob is None else xb,
             xb if ob is None else ob,
@@ -409,7 +423,7 @@ class Communicator:
             raise InvalidArgumentError(f"out has {on} elements, input {n}")
         w = self._c.collective(
             _monel.Coll.BROADCAST,
-            _DTYPES[t],
+            t,
             n,
             None if ob is None else xb,
             xb if ob is None else ob,
@@ -429,7 +443,7 @@ class Communicator:
             raise InvalidArgumentError(f"out has {on} elements, input {n}")
         w = self._c.collective(
             _monel.Coll.REDUCE,
-            _DTYPES[t],
+            t,
             n,
             None if ob is None else xb,
             xb if ob is None else ob,
@@ -447,7 +461,7 @@ class Communicator:
         if on != n * self.size:
             raise InvalidArgumentError(f"out has {on} elements, want {self.size} x {n}")
         w = self._c.collective(
-            _monel.Coll.ALL_GATHER, _DTYPES[t], n, xb, ob, async_op=async_op, defer=self._defer
+            _monel.Coll.ALL_GATHER, t, n, xb, ob, async_op=async_op, defer=self._defer
         )
         return w if async_op else None
 
@@ -459,7 +473,7 @@ class Communicator:
             raise InvalidArgumentError(f"input has {n} elements, want {self.size} x {on}")
         w = self._c.collective(
             _monel.Coll.REDUCE_SCATTER,
-            _DTYPES[t],
+            t,
             on,
             xb,
             ob,
@@ -479,7 +493,7 @@ class Communicator:
             )
         w = self._c.collective(
             _monel.Coll.ALL_TO_ALL,
-            _DTYPES[t],
+            t,
             n // self.size,
             xb,
             ob,
@@ -499,7 +513,7 @@ class Communicator:
             ob = np.empty(0, np.uint8)
         w = self._c.collective(
             _monel.Coll.GATHER,
-            _DTYPES[t],
+            t,
             n,
             xb,
             ob,
@@ -524,7 +538,7 @@ class Communicator:
                 raise InvalidArgumentError(f"input has {n} elements, want {self.size} x {on}")
         w = self._c.collective(
             _monel.Coll.SCATTER,
-            _DTYPES[t],
+            t,
             on,
             xb,
             ob,
@@ -565,9 +579,7 @@ class Communicator:
         if peer is not None:
             self._peer(peer)
         b, t, n = as_bytes(out, "recv", writable=True)
-        w = self._c.recv_from(
-            b, n, _DTYPES[t], peer, _tag(tag), async_op=async_op, defer=self._defer
-        )
+        w = self._c.recv_from(b, n, t, peer, _tag(tag), async_op=async_op, defer=self._defer)
         return w if async_op else w.source
 
     def _peer(self, peer) -> int:
@@ -590,7 +602,7 @@ class Communicator:
             tag = _tag(o[3] if len(o) == 4 else 0)
             self._peer(peer)
             b, t, n = as_bytes(buf, kind, writable=kind == "recv")
-            parts.append((kind == "send", b, n, _DTYPES[t], peer, tag))
+            parts.append((kind == "send", b, n, t, peer, tag))
         w = self._c.group(parts, async_op=async_op, defer=self._defer)
         return w if async_op else None
 

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch.futures import Future
 
 import monel
-from monel import _DTYPES, _REDOPS, InvalidArgumentError, _monel
+from monel import _REDOPS, InvalidArgumentError, _monel
 from monel._tensors import tensors_in
 
 __all__ = ["BACKEND", "ProcessGroupMonel", "empty"]
@@ -348,7 +348,7 @@ class ProcessGroupMonel(dist.ProcessGroup):
             # the GIL released, and return no work, which torch reads as "synchronized by the
             # backend" (its collectives wait only on a work that is not None).
             v, dtype, n = monel.as_bytes(tensors[0], "tensor", True)
-            coll(_ALL_REDUCE, _DTYPES[dtype], n, None, v, op=_REDOPS[op])
+            coll(_ALL_REDUCE, dtype, n, None, v, op=_REDOPS[op])
             return None
         works = []
         for t in tensors:
@@ -356,7 +356,7 @@ class ProcessGroupMonel(dist.ProcessGroup):
             works.append(
                 coll(
                     _ALL_REDUCE,
-                    _DTYPES[dtype],
+                    dtype,
                     n,
                     None,
                     v,

@@ -20,6 +20,13 @@
 //! waiters), two per TCP peer (one reads, one writes), and one more per shared-memory peer
 //! (it copies). A peer whose link fails is lost: its
 //! batches' slices fail with [`XferError::PeerLost`], nothing else is touched.
+//!
+//! This file is over the project's thousand lines, and stays one piece until its transports
+//! stop calling back into it: `rdma`, `tcp` and `cma` run threads that lock the agent's state
+//! and call its `pump`, `apply`, `end_slice`, `push_peer` and `send_msg`, and `pump` calls
+//! them in turn. Split into files as it stands, that would be a loop between siblings. The
+//! split comes with a lane boundary (post a slice, room left, send a message) whose
+//! transports return events (slice done, message, peer lost) for the agent to apply.
 
 mod cma;
 mod rdma;
@@ -538,35 +545,30 @@ impl Agent {
             Transport::Shm => &[TransportKind::Shm],
         };
         let mut last = None;
-        let chosen = select::select(
-            Selection::new(&self.shared.name, addr),
-            order,
-            |kind| -> std::result::Result<Attempt<String>, std::convert::Infallible> {
-                let tried = match kind {
-                    TransportKind::Shm => self.connect_shm(addr),
-                    TransportKind::Roce => self.connect_rdma(addr),
-                    TransportKind::Tcp => self.connect_tcp(addr),
-                };
-                Ok(match tried {
-                    Ok(name) => Attempt::Up(name, String::new()),
-                    Err(e) => {
-                        let why = e.to_string();
-                        last = Some(e);
-                        Attempt::Declined(why)
-                    }
-                })
-            },
-        );
+        let chosen = select::select(Selection::new(&self.shared.name, addr), order, |kind| {
+            let tried = match kind {
+                TransportKind::Shm => self.connect_shm(addr),
+                TransportKind::Roce => self.connect_rdma(addr),
+                TransportKind::Tcp => self.connect_tcp(addr),
+            };
+            match tried {
+                Ok(name) => Attempt::Up(name, String::new()),
+                Err(e) => {
+                    let why = e.to_string();
+                    last = Some(e);
+                    Attempt::Declined(why)
+                }
+            }
+        });
         match chosen {
-            Ok(Ok(c)) => {
+            Ok(c) => {
                 tracing::info!(target: "monel::xfer", "{} (peer {})", c.line, c.link);
                 Ok(c.link)
             }
-            Ok(Err(none)) => {
+            Err(none) => {
                 tracing::info!(target: "monel::xfer", "{none}");
                 Err(last.expect("every transport tried left its error"))
             }
-            Err(never) => match never {},
         }
     }
 
